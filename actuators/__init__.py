@@ -1,0 +1,1 @@
+"""Actuators: executors for decisions and the planners (later issue)."""

@@ -1,0 +1,21 @@
+"""Pure online detectors: no Kafka, no faust, time is always an argument.
+
+Every public detector is registered by name in :data:`REGISTRY` so that a
+stream app's configuration can name it. Outside plugins register through the
+``vigil.detectors`` entry point (loaded by the stream apps, not here, so that
+importing ``detectors`` stays free of side effects).
+"""
+
+from detectors.base import REGISTRY, Detector, DetectorError, Finding, register
+from detectors import hang, heartbeat  # noqa: F401  (registration)
+from detectors import bocd, verification, baselines, xid, nic, gpu, straggler, period  # noqa: F401
+
+from detectors.hang import HangDetector
+from detectors.heartbeat import HeartbeatLoss
+
+try:  # filled in by the change-point work; absent until then
+    from detectors.verification import detect_changepoints
+except ImportError:  # pragma: no cover
+    pass
+
+__all__ = ["REGISTRY", "Detector", "DetectorError", "Finding", "register", "HangDetector", "HeartbeatLoss"]

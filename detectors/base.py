@@ -1,0 +1,135 @@
+"""The contract every detector follows, and the registry that finds them by name.
+
+A detector is a small stateful object (river's ``drift`` detectors are the
+model): constructor arguments stored under the same names and validated with a
+``ValueError``; changing state in private attributes rebuilt by ``_reset()``;
+``update(...)`` takes an explicit timestamp ``t`` (seconds, float) and returns
+nothing; timers are a separate ``tick(now)``; read-only properties say what
+was found. Detectors never read the clock and never do I/O, so a replay or a
+test runs them on simulated time.
+
+Snapshots are plain picklable dicts so a stream app can keep detector state in
+a table or a file and rebuild the detector after a restart.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import pickle
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable
+
+
+class DetectorError(ValueError):
+    """Root of the errors raised by detectors (bad parameters, bad input)."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a detector reports when it fires.
+
+    ``onset`` is when the condition began (for a change point, the first
+    sample of the new regime; for a hang, the last sign of life), which is
+    earlier than ``detected_at``, the time the detector could tell.
+    """
+
+    kind: str
+    severity: int
+    onset: float
+    detected_at: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+class Detector:
+    """Base class: snapshot/restore, reset, and the conformance hooks.
+
+    Subclasses set ``name`` and ``version``, implement ``_reset()``,
+    ``update(...)`` and, when they time out on silence, ``tick(now)``.
+    They expose ``finding`` (a :class:`Finding` while the condition holds,
+    else ``None``).
+    """
+
+    #: Name under which the class is registered.
+    name: ClassVar[str] = ""
+    #: Bumped when the algorithm's behaviour changes, carried on every alert.
+    version: ClassVar[str] = "1"
+
+    def _reset(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def tick(self, now: float) -> None:
+        """Advance the detector's clock; detectors that time out override it."""
+        _check_time(now, "now")
+
+    @property
+    def finding(self) -> Finding | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    # -- persistence -------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Return a picklable copy of the whole state (parameters included)."""
+        return {"name": self.name, "version": self.version, "state": copy.deepcopy(self.__dict__)}
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, Any]) -> "Detector":
+        """Rebuild a detector from :meth:`snapshot`'s output.
+
+        Raises :class:`DetectorError` when the snapshot was taken from another
+        detector or another version of this one (its state layout may differ).
+        """
+        if snapshot.get("name") != cls.name or snapshot.get("version") != cls.version:
+            raise DetectorError(
+                f"snapshot of {snapshot.get('name')!r} v{snapshot.get('version')} "
+                f"cannot restore {cls.name!r} v{cls.version}"
+            )
+        obj = cls.__new__(cls)
+        obj.__dict__.update(copy.deepcopy(snapshot["state"]))
+        return obj
+
+    def to_bytes(self) -> bytes:
+        return pickle.dumps(self.snapshot(), protocol=pickle.HIGHEST_PROTOCOL)
+
+    # -- conformance hooks -------------------------------------------------
+    @classmethod
+    def _conformance_params(cls) -> dict[str, Any]:
+        """Constructor arguments the conformance suite uses."""
+        return {}
+
+    @classmethod
+    def _conformance_feed(cls, seed: int) -> Iterable[tuple[str, tuple, dict]]:
+        """A seeded sequence of calls ``(method, args, kwargs)`` on healthy input.
+
+        The first ``_conformance_warmup()`` calls must leave the detector silent.
+        """
+        raise NotImplementedError
+
+    @classmethod
+    def _conformance_warmup(cls) -> int:
+        return 0
+
+
+REGISTRY: dict[str, type[Detector]] = {}
+
+
+def register(cls: type[Detector]) -> type[Detector]:
+    """Class decorator: make ``cls`` findable by its ``name`` in :data:`REGISTRY`."""
+    if not cls.name:
+        raise DetectorError(f"{cls.__qualname__} has no name to register under")
+    existing = REGISTRY.get(cls.name)
+    if existing is not None and existing is not cls:
+        raise DetectorError(f"detector name {cls.name!r} is taken by {existing.__qualname__}")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def _check_time(value: float, what: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise DetectorError(f"{what} must be a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _check_positive(value: float, what: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise DetectorError(f"{what} must be a positive finite number, got {value!r}")
+    return float(value)

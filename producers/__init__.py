@@ -1,0 +1,1 @@
+"""Producers: node agents, training hooks, the cluster simulator, the publisher."""

@@ -1,0 +1,19 @@
+"""Event models, the envelope, topic names and ClickHouse DDL. Depends on pydantic only."""
+
+from schemas.codec import Decoded, decode, encode, encode_batch
+from schemas.envelope import Envelope, Source, from_seconds, to_seconds, utcnow
+from schemas.errors import DecodeError, SchemaError
+from schemas.events import (
+    EVENT_TYPES, ActionResult, Alert, CollectiveCall, CollectiveOp, DeadLetter, Decision,
+    ExceptionCategory, GpuTelemetry, Heartbeat, IterationTiming, JobState, NicCounters, NodeState,
+    ProcessExit, Subject, TrainingException, XidError,
+)
+from schemas.topics import TOPICS, all_topic_names, message_key, topic_name
+
+__all__ = [
+    "Decoded", "decode", "encode", "encode_batch", "Envelope", "Source", "from_seconds", "to_seconds",
+    "utcnow", "DecodeError", "SchemaError", "EVENT_TYPES", "ActionResult", "Alert", "CollectiveCall",
+    "CollectiveOp", "DeadLetter", "Decision", "ExceptionCategory", "GpuTelemetry", "Heartbeat",
+    "IterationTiming", "JobState", "NicCounters", "NodeState", "ProcessExit", "Subject",
+    "TrainingException", "XidError", "TOPICS", "all_topic_names", "message_key", "topic_name",
+]

@@ -1,0 +1,261 @@
+"""Every event vigil reads or writes, as frozen pydantic v2 models.
+
+Each model fixes ``event_type`` to a literal; :data:`EVENT_TYPES` maps that
+name to the model. Telemetry comes from node agents, training hooks and the
+simulator; alerts, decisions and action results are what vigil itself says.
+"""
+
+from __future__ import annotations
+
+import uuid
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, Field, model_validator
+
+from schemas.envelope import Envelope, Frozen
+
+# --- telemetry --------------------------------------------------------------
+
+
+class IterationTiming(Envelope):
+    """One training iteration of one rank, with its compute/communication split."""
+
+    event_type: Literal["iteration"] = Field("iteration", description="Event type tag.")
+    step: int = Field(ge=0, description="Training step (iteration) number.")
+    start: AwareDatetime = Field(description="When the iteration began.")
+    end: AwareDatetime = Field(description="When the iteration completed.")
+    duration_s: float = Field(ge=0, description="Iteration wall time in seconds (end - start).")
+    compute_s: float | None = Field(None, ge=0, description="Seconds spent computing (forward/backward/optimizer).")
+    communication_s: float | None = Field(None, ge=0, description="Seconds spent in (or waiting on) collectives.")
+    dp: int | None = Field(None, ge=0, description="Data-parallel coordinate of the rank.")
+    pp: int | None = Field(None, ge=0, description="Pipeline-parallel coordinate (stage) of the rank.")
+    tp: int | None = Field(None, ge=0, description="Tensor-parallel coordinate of the rank.")
+
+    @model_validator(mode="after")
+    def _end_after_start(self) -> "IterationTiming":
+        if self.end < self.start:
+            raise ValueError(f"end ({self.end.isoformat()}) is before start ({self.start.isoformat()})")
+        return self
+
+
+class CollectiveOp(str, Enum):
+    all_reduce = "all_reduce"
+    all_gather = "all_gather"
+    reduce_scatter = "reduce_scatter"
+    broadcast = "broadcast"
+    all_to_all = "all_to_all"
+    send = "send"
+    recv = "recv"
+    barrier = "barrier"
+    other = "other"
+
+
+class CollectiveCall(Envelope):
+    """One collective (or point-to-point) call made by a rank."""
+
+    event_type: Literal["collective"] = Field("collective", description="Event type tag.")
+    op: CollectiveOp = Field(description="Collective operation.")
+    group: str = Field(min_length=1, description="Process group the call ran in.")
+    nbytes: int = Field(0, ge=0, description="Payload size in bytes.")
+    start: AwareDatetime = Field(description="When the call was issued.")
+    end: AwareDatetime = Field(description="When the call completed.")
+
+
+class XidError(Envelope):
+    """An NVIDIA XID error reported by the driver (kernel log or NVML event)."""
+
+    event_type: Literal["xid"] = Field("xid", description="Event type tag.")
+    code: int = Field(ge=0, description="XID number (79 for a bare 'fallen off the bus' line).")
+    pci_bus_id: str | None = Field(None, description="PCI bus id of the GPU, e.g. 0000:3b:00.")
+    pid: int | None = Field(None, ge=0, description="Process id named by the driver, when known.")
+    process_name: str | None = Field(None, description="Process name named by the driver, when known.")
+    message: str = Field("", description="The driver's text after the code.")
+    raw_line: str | None = Field(None, description="The kernel log line as read, kept verbatim.")
+
+
+class NicCounters(Envelope):
+    """Cumulative counters of one NIC port (RoCE hw_counters and IB counters)."""
+
+    event_type: Literal["nic_counters"] = Field("nic_counters", description="Event type tag.")
+    device: str = Field(min_length=1, description="RDMA device name, e.g. mlx5_0.")
+    port: int = Field(ge=1, description="Port number on the device.")
+    counters: dict[str, int] = Field(description="Counter name to cumulative value as read from sysfs.")
+    port_state: str | None = Field(None, description="Port state, e.g. ACTIVE or DOWN.")
+
+
+class GpuTelemetry(Envelope):
+    """One sample of one GPU's health (NVML)."""
+
+    event_type: Literal["gpu_telemetry"] = Field("gpu_telemetry", description="Event type tag.")
+    utilization_pct: float | None = Field(None, ge=0, le=100, description="GPU utilization in percent.")
+    memory_used_bytes: int | None = Field(None, ge=0, description="Device memory in use.")
+    memory_total_bytes: int | None = Field(None, ge=0, description="Device memory in total.")
+    temperature_c: float | None = Field(None, description="GPU core temperature in degrees Celsius.")
+    sm_clock_mhz: float | None = Field(None, ge=0, description="SM clock in MHz.")
+    mem_clock_mhz: float | None = Field(None, ge=0, description="Memory clock in MHz.")
+    power_w: float | None = Field(None, ge=0, description="Power draw in watts.")
+    throttle_reasons: int | None = Field(None, ge=0, description="NVML clocks-event (throttle) reason bitmask.")
+    ecc_sbe: int | None = Field(None, ge=0, description="Corrected (single-bit) ECC errors, volatile count.")
+    ecc_dbe: int | None = Field(None, ge=0, description="Uncorrected (double-bit) ECC errors, volatile count.")
+    retired_pages: int | None = Field(None, ge=0, description="Retired pages (pre-Ampere) in total.")
+    remapped_rows: int | None = Field(None, ge=0, description="Remapped rows (Ampere and later) in total.")
+    pcie_replays: int | None = Field(None, ge=0, description="PCIe replay counter.")
+    nvlink_errors: dict[str, int] = Field(default_factory=dict, description="NVLink error counters by name.")
+
+
+class Heartbeat(Envelope):
+    """A sign of life from a node agent, sent every ``interval_s`` seconds."""
+
+    event_type: Literal["heartbeat"] = Field("heartbeat", description="Event type tag.")
+    seq: int = Field(ge=0, description="Sequence number, +1 per heartbeat since the agent started.")
+    interval_s: float = Field(gt=0, description="The agent's heartbeat interval in seconds.")
+
+
+class ProcessExit(Envelope):
+    """A training process ended."""
+
+    event_type: Literal["process_exit"] = Field("process_exit", description="Event type tag.")
+    pid: int = Field(ge=0, description="Process id.")
+    exit_code: int | None = Field(None, description="Exit code, when the process exited.")
+    signal: int | None = Field(None, ge=1, description="Signal number, when the process was killed by one.")
+    local_rank: int | None = Field(None, ge=0, description="Local rank on the node.")
+    command: str | None = Field(None, description="Command line of the process.")
+
+
+class ExceptionCategory(str, Enum):
+    cuda_error = "cuda_error"
+    illegal_memory_access = "illegal_memory_access"
+    nccl_error = "nccl_error"
+    nccl_timeout = "nccl_timeout"
+    out_of_memory = "out_of_memory"
+    connection_reset = "connection_reset"
+    connection_refused = "connection_refused"
+    other = "other"
+
+
+class TrainingException(Envelope):
+    """An uncaught exception in a training process, published before it exits."""
+
+    event_type: Literal["training_exception"] = Field("training_exception", description="Event type tag.")
+    category: ExceptionCategory = Field(description="Classified kind of failure.")
+    exc_type: str = Field(description="Exception class name.")
+    message: str = Field("", description="Exception message.")
+    traceback: str | None = Field(None, description="Formatted traceback.")
+    thread: str | None = Field(None, description="Name of the thread that raised it.")
+
+
+# --- state ------------------------------------------------------------------
+
+
+class JobState(Envelope):
+    """A job's spec and lifecycle state (published on submit and on every change)."""
+
+    event_type: Literal["job_state"] = Field("job_state", description="Event type tag.")
+    state: Literal["pending", "running", "restarting", "completed", "failed", "cancelled"] = Field(
+        description="Lifecycle state of the job."
+    )
+    nodes: list[str] = Field(default_factory=list, description="Nodes the job runs on.")
+    gpus: int = Field(0, ge=0, description="GPUs the job holds.")
+    dp: int = Field(1, ge=1, description="Data-parallel size.")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel size.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel size.")
+    weight: float = Field(1.0, gt=0, description="Priority weight of the job.")
+    min_gpus: int = Field(0, ge=0, description="Fewest GPUs the job can run on.")
+
+
+class NodeState(Envelope):
+    """A node's availability as vigil or the scheduler sees it."""
+
+    event_type: Literal["node_state"] = Field("node_state", description="Event type tag.")
+    state: Literal["healthy", "degraded", "drained", "lost", "repaired", "joined"] = Field(
+        description="Availability of the node."
+    )
+    reason: str = Field("", description="Why the state changed.")
+
+
+# --- what vigil says --------------------------------------------------------
+
+
+class Subject(Frozen):
+    """What an alert or decision is about; fields that do not apply stay unset."""
+
+    job: str | None = Field(None, description="Training job id.")
+    node: str | None = Field(None, description="Node host name.")
+    gpu: int | None = Field(None, ge=0, description="GPU index on the node.")
+    rank: int | None = Field(None, ge=0, description="Global rank.")
+    link: str | None = Field(None, description="Network link, e.g. node/mlx5_0:1.")
+
+
+class Alert(Envelope):
+    """One version of an incident: opened, updated, or resolved.
+
+    An incident is one root cause; ``incident_id`` is stable across versions and
+    ``incident_version`` rises by one with each update, so consumers can apply
+    alerts idempotently and in order.
+    """
+
+    event_type: Literal["alert"] = Field("alert", description="Event type tag.")
+    incident_id: uuid.UUID = Field(description="Stable id of the incident (one root cause).")
+    incident_version: int = Field(ge=1, description="Version of the incident, +1 per update.")
+    status: Literal["open", "update", "resolved"] = Field(description="What this version says.")
+    severity: int = Field(ge=1, le=3, description="1 = node/hardware must leave the job, 2 = restart, 3 = retry.")
+    kind: str = Field(min_length=1, description="Failure kind, e.g. node_lost, task_hang.")
+    subject: Subject = Field(description="What failed.")
+    onset_time: AwareDatetime = Field(description="When the failure began (last sign of health).")
+    detection_time: AwareDatetime = Field(description="When vigil detected it.")
+    summary: str = Field("", description="One line for a human.")
+    evidence: list[dict[str, Any]] = Field(default_factory=list, description="Observations behind the alert (bounded sample).")
+    evidence_count: int = Field(0, ge=0, description="How many pieces of evidence were seen in total.")
+    detector: str = Field(min_length=1, description="Name of the detector that raised it.")
+    detector_version: str = Field(min_length=1, description="Version of that detector.")
+
+
+class Decision(Envelope):
+    """What vigil decided to do about one or more incidents."""
+
+    event_type: Literal["decision"] = Field("decision", description="Event type tag.")
+    decision_id: uuid.UUID = Field(description="Id of the decision; actuators are idempotent on it.")
+    idempotency_key: str = Field(min_length=1, description="Key that makes a repeated decision a no-op.")
+    action: Literal[
+        "retry_in_place", "restart_process", "reconfigure", "isolate_node",
+        "rebalance_microbatches", "adjust_topology", "checkpoint_restart", "notify_human", "none",
+    ] = Field(description="Action to take.")
+    target: Subject = Field(description="What the action applies to.")
+    reason: str = Field(description="Why this action was chosen.")
+    answers: list[uuid.UUID] = Field(default_factory=list, description="Incident ids this decision answers.")
+    plan: dict[str, Any] = Field(default_factory=dict, description="Action-specific plan (placement, micro-batches...).")
+
+
+class ActionResult(Envelope):
+    """An actuator's report on executing a decision."""
+
+    event_type: Literal["action_result"] = Field("action_result", description="Event type tag.")
+    decision_id: uuid.UUID = Field(description="Decision this result belongs to.")
+    state: Literal["pending", "running", "succeeded", "failed", "timed_out"] = Field(description="State reached.")
+    backend: str = Field(description="Executor that ran it: local, slurm, kubernetes, dry-run.")
+    detail: str = Field("", description="What happened, for a human.")
+
+
+class DeadLetter(Envelope):
+    """A message that could not be processed, kept whole with the reason."""
+
+    event_type: Literal["dead_letter"] = Field("dead_letter", description="Event type tag.")
+    reason: str = Field(description="Failure class: not_json, unknown_event_type, unsupported_version, invalid...")
+    detail: str = Field(description="What failed, where, and what was expected.")
+    field: str | None = Field(None, description="Offending field, when known.")
+    source_topic: str = Field(description="Topic the message was read from.")
+    source_partition: int = Field(ge=0, description="Partition it was read from.")
+    source_offset: int = Field(ge=0, description="Offset it was read at.")
+    raw_b64: str = Field(description="The raw message bytes, base64-encoded.")
+
+
+EVENT_MODELS: tuple[type[Envelope], ...] = (
+    IterationTiming, CollectiveCall, XidError, NicCounters, GpuTelemetry, Heartbeat,
+    ProcessExit, TrainingException, JobState, NodeState, Alert, Decision, ActionResult, DeadLetter,
+)
+
+#: event_type -> model
+EVENT_TYPES: dict[str, type[Envelope]] = {
+    m.model_fields["event_type"].default: m for m in EVENT_MODELS
+}

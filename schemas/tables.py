@@ -1,0 +1,170 @@
+"""ClickHouse tables for the history, derived from the event models.
+
+One table per event type. Columns are the envelope (``source`` flattened),
+then the payload: nested models are flattened with their field name as prefix,
+dicts and lists are stored as JSON strings. Deriving the DDL from the models
+means a new field can never be forgotten by the history.
+
+Tables are ``ReplacingMergeTree`` with ``event_id`` last in the sort key, so
+even a duplicate that slipped past the sink's id check collapses on merge; the
+sink itself checks ids before inserting, so the stored rows are exact.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import types
+import typing
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel
+
+from schemas.envelope import Envelope
+from schemas.events import EVENT_TYPES
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    event_type: str
+    table: str
+    order_by: tuple[str, ...]
+    #: The time that partitions the table and bounds the sink's duplicate check.
+    time_column: str = "event_time"
+
+    @property
+    def partition_by(self) -> str:
+        return f"toYYYYMM({self.time_column})"
+
+
+TABLE_SPECS: dict[str, TableSpec] = {
+    s.event_type: s
+    for s in (
+        TableSpec("iteration", "iterations", ("job", "event_time", "rank", "event_id")),
+        TableSpec("collective", "collectives", ("job", "event_time", "event_id")),
+        TableSpec("xid", "xid_errors", ("node", "event_time", "event_id")),
+        TableSpec("nic_counters", "nic_counters", ("node", "device", "port", "event_time", "event_id")),
+        TableSpec("gpu_telemetry", "gpu_telemetry", ("node", "gpu", "event_time", "event_id")),
+        TableSpec("heartbeat", "heartbeats", ("node", "event_time", "event_id")),
+        TableSpec("process_exit", "process_exits", ("node", "event_time", "event_id")),
+        TableSpec("training_exception", "training_exceptions", ("job", "event_time", "event_id")),
+        TableSpec("job_state", "job_states", ("job", "event_time", "event_id")),
+        TableSpec("node_state", "node_states", ("node", "event_time", "event_id")),
+        TableSpec("alert", "alerts", ("kind", "incident_id", "incident_version", "event_id"), "detection_time"),
+        TableSpec("decision", "decisions", ("event_time", "decision_id", "event_id")),
+        TableSpec("action_result", "actions", ("decision_id", "event_time", "event_id")),
+        TableSpec("dead_letter", "dead_letters", ("source_topic", "event_time", "event_id")),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    ch_type: str
+    getter: Callable[[Envelope], Any]
+
+
+def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(annotation)) == 2:
+            return args[0], True
+    return annotation, False
+
+
+def _base_type(annotation: Any) -> tuple[str, Callable[[Any], Any]]:
+    """ClickHouse type and value converter for a (non-optional) annotation."""
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        return "Bool", lambda v: v
+    if annotation is int:
+        return "Int64", lambda v: v
+    if annotation is float:
+        return "Float64", lambda v: v
+    if annotation is str:
+        return "String", lambda v: v
+    if annotation is uuid.UUID:
+        return "UUID", lambda v: v
+    if isinstance(annotation, type) and issubclass(annotation, datetime) or "Datetime" in str(annotation):
+        return "DateTime64(6, 'UTC')", lambda v: v
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        return "LowCardinality(String)", lambda v: v.value if isinstance(v, enum.Enum) else v
+    if origin is Literal:
+        return "LowCardinality(String)", lambda v: v
+    if origin in (dict, list) or annotation is typing.Any:
+        def to_json(v: Any) -> str:
+            return json.dumps(v, default=str, separators=(",", ":"))
+
+        return "String", to_json
+    raise TypeError(f"no ClickHouse type for annotation {annotation!r}")
+
+
+def _columns_of(model: type[BaseModel], prefix: str, path: tuple[str, ...]) -> list[Column]:
+    cols: list[Column] = []
+    for fname, finfo in model.model_fields.items():
+        annotation, optional = _unwrap_optional(finfo.annotation)
+        fpath = path + (fname,)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            # ``source`` is flattened without prefix: its fields are the envelope's columns.
+            sub_prefix = "" if fname == "source" else f"{prefix}{fname}_"
+            cols.extend(_columns_of(annotation, sub_prefix, fpath))
+            continue
+        ch_type, convert = _base_type(annotation)
+        if optional:
+            ch_type = (
+                "LowCardinality(Nullable(String))" if ch_type in ("String", "LowCardinality(String)") and fname in _LOW_CARD
+                else f"Nullable({ch_type})"
+            )
+        elif fname in _LOW_CARD and ch_type == "String":
+            ch_type = "LowCardinality(String)"
+
+        def getter(event: Any, _path: tuple[str, ...] = fpath, _convert: Callable = convert) -> Any:
+            value = event
+            for part in _path:
+                value = getattr(value, part)
+                if value is None:
+                    return None
+            return _convert(value)
+
+        cols.append(Column(prefix + fname, ch_type, getter))
+    return cols
+
+
+# Small sets of repeated values: dictionary-encoded.
+_LOW_CARD = {"cluster", "node", "job", "event_type", "kind", "backend", "device", "group", "source_topic", "reason", "category", "exc_type"}
+
+
+def columns(event_type: str) -> list[Column]:
+    return _COLUMNS[event_type]
+
+
+_COLUMNS: dict[str, list[Column]] = {et: _columns_of(m, "", ()) for et, m in EVENT_TYPES.items()}
+
+
+def create_table_sql(event_type: str, database: str = "vigil") -> str:
+    spec = TABLE_SPECS[event_type]
+    cols = ",\n    ".join(f"`{c.name}` {c.ch_type}" for c in columns(event_type))
+    nullable = {c.name for c in columns(event_type) if c.ch_type.startswith(("Nullable", "LowCardinality(Nullable"))}
+    # Nullable columns cannot be in a sort key by default; allow it explicitly.
+    settings = " SETTINGS allow_nullable_key = 1" if nullable & set(spec.order_by) else ""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {database}.{spec.table} (\n    {cols},\n"
+        f"    `ingest_time` DateTime64(3, 'UTC') DEFAULT now64(3)\n)\n"
+        f"ENGINE = ReplacingMergeTree\nPARTITION BY {spec.partition_by}\n"
+        f"ORDER BY ({', '.join(spec.order_by)}){settings}"
+    )
+
+
+def rows(event_type: str, events: list[Envelope]) -> tuple[list[str], list[list[Any]]]:
+    """Column names and row values for inserting ``events`` (all of one type)."""
+    cols = columns(event_type)
+    return [c.name for c in cols], [[c.getter(e) for c in cols] for e in events]
+
+
+def table_name(event_type: str, database: str = "vigil") -> str:
+    return f"{database}.{TABLE_SPECS[event_type].table}"

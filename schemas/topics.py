@@ -1,0 +1,72 @@
+"""Topic names in one registry.
+
+Every topic holds one event type (the dead-letter topic holds dead letters),
+keyed so that the events one stateful consumer needs land in one partition:
+timings by job, node data by node, alerts by incident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.envelope import Envelope
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic: its name under the prefix, the event it holds and its key."""
+
+    suffix: str
+    event_type: str
+    key: str  # which envelope/payload attribute keys the message
+    partitions: int
+    description: str
+
+    def name(self, prefix: str) -> str:
+        return f"{prefix}.{self.suffix}"
+
+
+TOPICS: dict[str, TopicSpec] = {
+    spec.event_type: spec
+    for spec in (
+        TopicSpec("telemetry.iterations", "iteration", "job", 8, "Per-rank iteration timings."),
+        TopicSpec("telemetry.collectives", "collective", "job", 8, "Collective-call timings."),
+        TopicSpec("telemetry.xid", "xid", "node", 4, "NVIDIA XID errors."),
+        TopicSpec("telemetry.nic", "nic_counters", "node", 4, "RoCE/IB port counters."),
+        TopicSpec("telemetry.gpu", "gpu_telemetry", "node", 4, "GPU telemetry samples."),
+        TopicSpec("telemetry.heartbeats", "heartbeat", "node", 4, "Node agent heartbeats."),
+        TopicSpec("telemetry.processes", "process_exit", "node", 4, "Training process exits."),
+        TopicSpec("telemetry.exceptions", "training_exception", "job", 4, "Training exceptions."),
+        TopicSpec("state.jobs", "job_state", "job", 4, "Job specs and lifecycle."),
+        TopicSpec("state.nodes", "node_state", "node", 4, "Node availability."),
+        TopicSpec("alerts", "alert", "incident", 4, "Incidents: open, update, resolved."),
+        TopicSpec("decisions", "decision", "job", 4, "Decisions of the decision engine."),
+        TopicSpec("actions", "action_result", "decision", 4, "Actuator results."),
+        TopicSpec("deadletter", "dead_letter", "source_topic", 1, "Messages that could not be processed."),
+    )
+}
+
+
+def topic_name(event_type: str, prefix: str) -> str:
+    """Full topic name for an event type, e.g. ``vigil.telemetry.heartbeats``."""
+    return TOPICS[event_type].name(prefix)
+
+
+def all_topic_names(prefix: str) -> list[str]:
+    return [spec.name(prefix) for spec in TOPICS.values()]
+
+
+def message_key(event: Envelope) -> bytes:
+    """The partitioning key of an event, per its topic's ``key``."""
+    key_attr = TOPICS[event.event_type].key  # type: ignore[attr-defined]
+    if key_attr in ("job", "node"):
+        value = getattr(event.source, key_attr)
+        if value is None and key_attr == "job":
+            value = getattr(getattr(event, "target", None), "job", None)
+    elif key_attr == "incident":
+        value = event.incident_id  # type: ignore[attr-defined]
+    elif key_attr == "decision":
+        value = event.decision_id  # type: ignore[attr-defined]
+    else:
+        value = getattr(event, key_attr)
+    return str(value if value is not None else event.source.cluster).encode()

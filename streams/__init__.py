@@ -1,0 +1,1 @@
+"""Stream apps: detection workers, the history sink, (later) the decision engine."""

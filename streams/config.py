@@ -1,0 +1,29 @@
+"""What a stream app needs to know, as plain values (the CLI fills it from settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    bootstrap: str
+    topic_prefix: str = "vigil"
+    group_id: str = "vigil-detect"
+    kafka_security: dict[str, Any] = field(default_factory=dict)
+    session_timeout_s: float = 6.0
+    heartbeat_interval_s: float = 1.0
+    fetch_max_wait_ms: int = 20
+    tick_interval_s: float = 0.1
+    hang_k: float = 3.0
+    heartbeat_missed_intervals: float = 2.5
+
+    def kafka_conf(self, **extra: Any) -> dict[str, Any]:
+        """librdkafka configuration for this cluster, plus ``extra``."""
+        return {"bootstrap.servers": self.bootstrap, **self.kafka_security, **extra}
+
+    def topic(self, event_type: str) -> str:
+        from schemas.topics import topic_name
+
+        return topic_name(event_type, self.topic_prefix)

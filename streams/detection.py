@@ -1,0 +1,99 @@
+"""The detection engine: events in, alerts out, no Kafka.
+
+The faust worker (``streams.worker``) feeds it decoded events and ticks it
+from a timer; tests and replays drive it directly on simulated time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from detectors import HangDetector, HeartbeatLoss
+from schemas import Alert, Envelope, Heartbeat, IterationTiming, Subject, to_seconds
+from streams.incidents import IncidentBook
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    hang_k: float = 3.0
+    hang_warmup: int = 5
+    heartbeat_missed_intervals: float = 2.5
+
+
+class DetectionEngine:
+    """Per-job hang detectors and per-node heartbeat detectors, with incidents."""
+
+    def __init__(self, params: EngineParams = EngineParams(), cluster: str = "default") -> None:
+        self.params = params
+        self.incidents = IncidentBook(cluster=cluster)
+        self.hang: dict[str, HangDetector] = {}
+        self.heartbeat: dict[str, HeartbeatLoss] = {}
+        self._last_step: dict[str, int] = {}
+
+    def on_event(self, event: Envelope, now: float) -> list[Alert]:
+        """Feed one event; return alerts that the event itself settles (resolutions)."""
+        if isinstance(event, Heartbeat):
+            return self._on_heartbeat(event, now)
+        if isinstance(event, IterationTiming):
+            return self._on_iteration(event, now)
+        return []
+
+    def _on_heartbeat(self, hb: Heartbeat, now: float) -> list[Alert]:
+        node = hb.source.node
+        if node is None:
+            return []
+        det = self.heartbeat.get(node)
+        if det is None:
+            det = self.heartbeat[node] = HeartbeatLoss(missed_intervals=self.params.heartbeat_missed_intervals,
+                                                       interval_s=hb.interval_s)
+        was_lost = det.finding is not None
+        det.update(t=to_seconds(hb.event_time), interval_s=hb.interval_s, seq=hb.seq)
+        if was_lost and det.finding is None:
+            alert = self.incidents.resolve("node_lost", Subject(node=node), now, f"heartbeats resumed (seq {hb.seq})")
+            return [alert] if alert else []
+        return []
+
+    def _on_iteration(self, it: IterationTiming, now: float) -> list[Alert]:
+        job = it.source.job
+        if job is None:
+            return []
+        # Every rank reports each step; the job progressed when a new step appears.
+        if it.step <= self._last_step.get(job, -1):
+            return []
+        self._last_step[job] = it.step
+        det = self.hang.get(job)
+        if det is None:
+            det = self.hang[job] = HangDetector(k=self.params.hang_k, warmup=self.params.hang_warmup)
+        was_hung = det.finding is not None
+        if it.duration_s > 0:
+            det.update(it.duration_s, t=to_seconds(it.end))
+        if was_hung and det.finding is None:
+            alert = self.incidents.resolve("task_hang", Subject(job=job), now, f"step {it.step} completed")
+            return [alert] if alert else []
+        return []
+
+    def tick(self, now: float) -> list[Alert]:
+        """Advance every timer to ``now``; return newly opened incidents."""
+        alerts: list[Alert] = []
+        for node, det in self.heartbeat.items():
+            det.tick(now)
+            finding = det.finding
+            if finding is not None and not self.incidents.is_open("node_lost", Subject(node=node)):
+                alert = self.incidents.raise_finding(
+                    finding, Subject(node=node), det.name, det.version,
+                    f"node {node} lost: no heartbeat for {finding.evidence['silence_s']:.1f} s",
+                )
+                if alert:
+                    alerts.append(alert)
+        for job, det in self.hang.items():
+            det.tick(now)
+            finding = det.finding
+            if finding is not None and not self.incidents.is_open("task_hang", Subject(job=job)):
+                alert = self.incidents.raise_finding(
+                    finding, Subject(job=job), det.name, det.version,
+                    f"job {job} hung: no iteration for {finding.evidence['silence_s']:.1f} s "
+                    f"(timeout {finding.evidence['timeout_s']:.2f} s)",
+                )
+                if alert:
+                    alerts.append(alert)
+        return alerts

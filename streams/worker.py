@@ -1,0 +1,79 @@
+"""The detection worker: telemetry topics -> DetectionEngine -> alerts topic.
+
+Each agent decodes raw messages itself (values are bytes), so a malformed
+message becomes a dead letter with its reason and raw bytes while the agent
+keeps going. Timer-driven detectors (hang, heartbeat loss) are ticked from a
+faust timer with the wall clock: this is the outermost layer, the only place
+that reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from schemas import Alert, decode, encode, message_key
+from streams.config import StreamConfig
+from streams.detection import DetectionEngine, EngineParams
+from streams.faustapp import VigilApp, create_app
+from streams.kafka import dead_letter
+
+log = logging.getLogger(__name__)
+
+
+def build_worker_app(config: StreamConfig, ready_file: Path | None = None) -> VigilApp:
+    app = create_app(config)
+    engine = DetectionEngine(EngineParams(hang_k=config.hang_k,
+                                          heartbeat_missed_intervals=config.heartbeat_missed_intervals))
+    app.detection_engine = engine  # type: ignore[attr-defined]
+
+    def raw_topic(event_type: str) -> Any:
+        return app.topic(config.topic(event_type), value_type=bytes, key_type=bytes,
+                         value_serializer="raw", key_serializer="raw")
+
+    alerts_topic = raw_topic("alert")
+    dlq_topic = raw_topic("dead_letter")
+
+    async def publish_alerts(alerts: list[Alert]) -> None:
+        for alert in alerts:
+            await alerts_topic.send(key=message_key(alert), value=encode(alert))
+            log.info("alert %s v%d %s sev%d %s", alert.status, alert.incident_version, alert.kind,
+                     alert.severity, alert.subject.model_dump(exclude_none=True))
+
+    async def consume(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            decoded = decode(event.value)
+            for err in decoded.errors:
+                dl = dead_letter(err, msg.topic, msg.partition, msg.offset)
+                await dlq_topic.send(key=msg.topic.encode(), value=encode(dl))
+                log.warning("dead letter %s/%d/%d: %s", msg.topic, msg.partition, msg.offset, err)
+            now = time.time()
+            for ev in decoded.events:
+                await publish_alerts(engine.on_event(ev, now))
+
+    for event_type in ("heartbeat", "iteration"):
+        app.agent(raw_topic(event_type), name=f"detect-{event_type}")(consume)
+
+    ready = {"written": False}
+
+    @app.timer(interval=config.tick_interval_s)
+    async def tick() -> None:
+        await publish_alerts(engine.tick(time.time()))
+        if ready_file is not None and not ready["written"] and app.consumer.assignment():
+            ready_file.parent.mkdir(parents=True, exist_ok=True)
+            ready_file.write_text(str(sorted(f"{tp.topic}:{tp.partition}" for tp in app.consumer.assignment())))
+            ready["written"] = True
+
+    return app
+
+
+def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING") -> None:
+    """Run a detection worker until SIGINT/SIGTERM."""
+    import faust
+
+    app = build_worker_app(config, ready_file)
+    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    worker.execute_from_commandline()
