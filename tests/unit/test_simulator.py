@@ -1,0 +1,91 @@
+"""The simulator's own ground truth: what it emits around each fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from producers.simulator import ClusterSimulator, Fault, JobSpec, demo_scenario
+from schemas import Heartbeat, IterationTiming, to_seconds
+
+
+def small(faults, seed=0):
+    nodes = [f"n{i}" for i in range(4)]
+    jobs = [JobSpec("a", ("n0", "n1"), dp=2, pp=2, tp=4, iteration_s=0.5),
+            JobSpec("b", ("n2",), dp=2, pp=1, tp=4, iteration_s=0.25)]
+    return ClusterSimulator(nodes, jobs, faults, start=1000.0, heartbeat_interval_s=1.0, seed=seed)
+
+
+def flatten(groups):
+    return [e for g in groups for e in g]
+
+
+def test_clean_run_heartbeats_and_iterations():
+    sim = small([])
+    events = flatten(sim.advance(1000.0 + 20))
+    beats = [e for e in events if isinstance(e, Heartbeat)]
+    its = [e for e in events if isinstance(e, IterationTiming)]
+    assert {b.source.node for b in beats} == {"n0", "n1", "n2", "n3"}
+    assert all(19 <= sum(b.source.node == n for b in beats) <= 21 for n in ("n0", "n1", "n2", "n3"))
+    steps_a = {e.step for e in its if e.source.job == "a"}
+    assert 35 <= len(steps_a) <= 45  # 20 s / 0.5 s with jitter
+    assert sum(e.source.job == "a" for e in its) == 16 * len(steps_a)  # every rank each step
+    for e in its:
+        assert e.compute_s + e.communication_s == pytest.approx(e.duration_s)
+
+
+def test_events_come_out_in_time_order_and_groups_share_a_step():
+    sim = small([])
+    groups = sim.advance(1000.0 + 10)
+    times = [to_seconds(g[0].event_time) for g in groups]
+    assert times == sorted(times)
+    for g in groups:
+        if isinstance(g[0], IterationTiming):
+            assert len({e.step for e in g}) == 1 and len({e.source.rank for e in g}) == len(g)
+
+
+def test_node_loss_stops_its_heartbeats_and_stalls_its_job():
+    sim = small([Fault("node_loss", "n1", at=5.0)])
+    events = flatten(sim.advance(1000.0 + 15))
+    lost_at = sim.faults[0].injected_at
+    assert lost_at == 1005.0
+    assert max(to_seconds(e.event_time) for e in events if isinstance(e, Heartbeat) and e.source.node == "n1") < lost_at
+    assert max(to_seconds(e.end) for e in events if isinstance(e, IterationTiming) and e.source.job == "a") < lost_at
+    assert max(to_seconds(e.end) for e in events if isinstance(e, IterationTiming) and e.source.job == "b") > 1014
+
+
+def test_hang_stops_iterations_until_recovery():
+    sim = small([Fault("hang", "b", at=5.0, recover_at=8.0)])
+    events = flatten(sim.advance(1000.0 + 12))
+    ends = sorted(to_seconds(e.end) for e in events if isinstance(e, IterationTiming) and e.source.job == "b")
+    assert not [t for t in ends if 1005.0 < t <= 1008.0]
+    assert [t for t in ends if t > 1008.0]
+    beats_n2 = [e for e in events if isinstance(e, Heartbeat) and e.source.node == "n2"]
+    assert len(beats_n2) >= 11  # the node itself is healthy
+
+
+def test_same_seed_same_events():
+    a = flatten(small([], seed=3).advance(1000.0 + 5))
+    b = flatten(small([], seed=3).advance(1000.0 + 5))
+    strip = lambda evs: [e.model_dump(exclude={"event_id"}) for e in evs]
+    assert strip(a) == strip(b)
+
+
+def test_rank_coordinates_follow_megatron_order():
+    job = JobSpec("j", tuple(f"n{i}" for i in range(8)), dp=4, pp=2, tp=8, iteration_s=1.0)
+    assert job.coordinates(0) == (0, 0, 0)
+    assert job.coordinates(7) == (0, 0, 7)
+    assert job.coordinates(8) == (0, 1, 0)
+    assert job.coordinates(16) == (1, 0, 0)
+    assert job.placement(17) == ("n2", 1)
+
+
+def test_invalid_scenarios_are_refused():
+    with pytest.raises(ValueError):
+        JobSpec("j", ("n0",), dp=2, pp=1, tp=8, iteration_s=1.0)
+    with pytest.raises(ValueError):
+        small([Fault("node_loss", "nope", at=1.0)])
+
+
+def test_demo_scenario_is_valid():
+    sim = demo_scenario(start=0.0)
+    assert len(sim.faults) == 3 and len(sim.nodes) == 18

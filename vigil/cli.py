@@ -1,0 +1,260 @@
+"""The ``vigil`` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from vigil.settings import Settings
+
+app = typer.Typer(
+    help=(
+        "vigil: a self-healing control loop for GPU training clusters.\n\n"
+        "Telemetry flows through Kafka topics, stream workers detect failures and raise "
+        "sev1/sev2/sev3 alerts, and everything lands in ClickHouse for SQL.\n\n"
+        "Quick start: `vigil demo`. For a live stack: `vigil up` in one terminal, then "
+        "`vigil worker`, `vigil tail alerts` and `vigil sql` in others. Configuration comes from "
+        "VIGIL_* environment variables (VIGIL_KAFKA_BOOTSTRAP, VIGIL_CLICKHOUSE_DSN, "
+        "VIGIL_STATE_DIR, VIGIL_TOPIC_PREFIX, ...)."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+schemas_app = typer.Typer(help="Event schemas: export the JSON Schema of every event.", no_args_is_help=True)
+tail_app = typer.Typer(help="Follow a topic live.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks that write JSON results.", no_args_is_help=True)
+app.add_typer(schemas_app, name="schemas")
+app.add_typer(tail_app, name="tail")
+app.add_typer(bench_app, name="bench")
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except Exception as exc:  # pydantic's ValidationError names the variable
+        err_console.print(f"[red]invalid VIGIL_* setting:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code)
+
+
+def _terminate_on_sigterm() -> None:
+    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop what we started."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+@app.command()
+def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (default: a free one).")) -> None:
+    """Run the embedded stack in the foreground: tansu broker, topics, ClickHouse history and its sink.
+
+    Other vigil commands find it through the state directory (VIGIL_STATE_DIR, default ./.vigil).
+    Stop it with Ctrl-C or SIGTERM; it stops everything it started.
+    """
+    from vigil.broker import StackError
+    from vigil.stack import EmbeddedStack
+
+    settings = _settings()
+    _terminate_on_sigterm()
+    stack = EmbeddedStack(settings, port=port)
+    try:
+        stack.start()
+    except (StackError, KeyboardInterrupt) as exc:
+        _fail(str(exc) or "interrupted")
+    try:
+        console.print(f"[green]vigil stack up[/green] (pid {os.getpid()})")
+        console.print(f"  broker      {stack.bootstrap}   (export VIGIL_KAFKA_BOOTSTRAP={stack.bootstrap} for other tools)")
+        console.print(f"  history     {settings.resolved_clickhouse_dsn}  (database {settings.clickhouse_database})")
+        console.print(f"  topics      {settings.topic_prefix}.*")
+        console.print("  next        vigil worker  |  vigil tail alerts  |  vigil sql \"SELECT ...\"")
+        console.print("Ctrl-C to stop.")
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+        console.print("stack stopped")
+
+
+@app.command()
+def worker(
+    ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
+    log_level: str = typer.Option("WARNING", help="faust log level."),
+) -> None:
+    """Run a detection worker (faust): heartbeat loss and hang detection, alerts to <prefix>.alerts.
+
+    Several workers share the topics' partitions in one consumer group (VIGIL_GROUP_ID).
+    """
+    from vigil.broker import StackError
+    from vigil.stack import resolve_bootstrap, stream_config
+    from streams.worker import run_worker
+
+    settings = _settings()
+    try:
+        bootstrap = resolve_bootstrap(settings)
+    except StackError as exc:
+        _fail(str(exc))
+    run_worker(stream_config(settings, bootstrap), ready_file=ready_file, loglevel=log_level)
+
+
+@app.command()
+def demo(
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the scoreboard as JSON here."),
+    workers: int = typer.Option(1, min=1, max=4, help="Detection worker processes."),
+    seed: int = typer.Option(0, help="Seed of the simulated cluster's jitter."),
+) -> None:
+    """Simulate a cluster that loses nodes and hangs a job; show what vigil detects, and how fast.
+
+    Starts the embedded stack and detection workers, plays a scripted scenario
+    (~30 s), prints a scoreboard of every injected fault with its detection
+    latency, then reads the alerts back from ClickHouse with SQL.
+    """
+    from vigil.demo import run_demo
+
+    settings = _settings()
+    _terminate_on_sigterm()
+    code = run_demo(settings, console, json_path=json_path, n_workers=workers, seed=seed)
+    raise typer.Exit(code)
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="SQL, e.g. \"SELECT kind, count() FROM vigil.alerts GROUP BY kind\"."),
+    fmt: str = typer.Option("table", "--format", help="table, json or tsv."),
+) -> None:
+    """Run SQL against the history (through the running stack when it owns the chDB directory).
+
+    Tables live in the database VIGIL_CLICKHOUSE_DATABASE (default vigil): alerts, heartbeats,
+    iterations, xid_errors, nic_counters, gpu_telemetry, process_exits, training_exceptions,
+    job_states, node_states, decisions, actions, dead_letters.
+    """
+    from streams.history import HistoryError
+    from vigil.stack import open_history
+
+    settings = _settings()
+    try:
+        history = open_history(settings)
+        result = history.query(query)
+    except HistoryError as exc:
+        _fail(str(exc))
+    if fmt == "json":
+        from vigil.stack import _jsonable
+
+        for row in result.rows:
+            print(json.dumps(dict(zip(result.columns, _jsonable(list(row))))))
+    elif fmt == "tsv":
+        print("\t".join(result.columns))
+        for row in result.rows:
+            print("\t".join("" if v is None else str(v) for v in row))
+    elif fmt == "table":
+        table = Table(*result.columns, show_lines=False)
+        for row in result.rows:
+            table.add_row(*("" if v is None else str(v) for v in row))
+        console.print(table)
+        console.print(f"{len(result.rows)} row(s)")
+    else:
+        _fail(f"unknown --format {fmt!r}: use table, json or tsv", 2)
+
+
+@tail_app.command("alerts")
+def tail_alerts(
+    severity: Optional[int] = typer.Option(None, min=1, max=3, help="Only this severity or worse (1 is worst)."),
+    job: Optional[str] = typer.Option(None, help="Only alerts about this job."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON alert per line."),
+    from_beginning: bool = typer.Option(False, help="Replay the topic from its start first."),
+    max_alerts: Optional[int] = typer.Option(None, help="Exit after this many alerts."),
+) -> None:
+    """Follow the alert topic live (Ctrl-C to stop)."""
+    from vigil.broker import StackError
+    from vigil.stack import resolve_bootstrap, stream_config
+    from schemas import Alert, decode
+    from streams.kafka import reader
+
+    settings = _settings()
+    try:
+        config = stream_config(settings, resolve_bootstrap(settings))
+        consumer = reader(config.kafka_conf(), [config.topic("alert")], from_beginning=from_beginning)
+    except (StackError, Exception) as exc:
+        _fail(str(exc))
+    _terminate_on_sigterm()
+    shown = 0
+    try:
+        while max_alerts is None or shown < max_alerts:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            for alert in decode(msg.value()).events:
+                if not isinstance(alert, Alert):
+                    continue
+                if severity is not None and alert.severity > severity:
+                    continue
+                if job is not None and alert.subject.job != job:
+                    continue
+                shown += 1
+                if as_json:
+                    print(alert.model_dump_json(), flush=True)
+                else:
+                    console.print(format_alert(alert))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+
+
+def format_alert(alert: "object") -> str:
+    from schemas import Alert
+
+    assert isinstance(alert, Alert)
+    colour = {1: "red", 2: "yellow", 3: "cyan"}[alert.severity]
+    subject = " ".join(f"{k}={v}" for k, v in alert.subject.model_dump(exclude_none=True).items())
+    return (f"[{colour}]sev{alert.severity}[/{colour}] {alert.status:<8} {alert.kind:<12} {subject:<24} "
+            f"onset {alert.onset_time:%H:%M:%S.%f}"[:-3] + f"  {alert.summary}")
+
+
+@schemas_app.command("export")
+def schemas_export(directory: Path = typer.Argument(..., help="Folder to write <event_type>.json files into.")) -> None:
+    """Write the JSON Schema of every event type (what subscribers validate against)."""
+    from schemas.export import export_json_schemas
+
+    written = export_json_schemas(directory)
+    console.print(f"wrote {len(written)} schemas to {directory}")
+
+
+@app.command()
+def migrate() -> None:
+    """Create the history database and tables (idempotent; `vigil up` does it too)."""
+    from streams.history import HistoryError, HistoryStore
+
+    settings = _settings()
+    try:
+        store = HistoryStore(settings.resolved_clickhouse_dsn, settings.clickhouse_database)
+        store.migrate()
+    except HistoryError as exc:
+        _fail(str(exc))
+    console.print(f"history tables ready in {settings.resolved_clickhouse_dsn} ({settings.clickhouse_database})")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
