@@ -55,6 +55,14 @@ class HistoryStore:
         self._recent_ids: OrderedDict = OrderedDict()
         self._recent_cap = 200_000
 
+    def with_database(self, database: str) -> "HistoryStore":
+        """A store on the same connection, using another database (tests isolate by database)."""
+        other = object.__new__(HistoryStore)
+        other.__dict__.update(self.__dict__)
+        other.database = database
+        other._recent_ids = OrderedDict()
+        return other
+
     # -- schema ------------------------------------------------------------
     def migrate(self) -> None:
         """Create the database and every table; safe to run any number of times."""
@@ -92,9 +100,12 @@ class HistoryStore:
         time_col = TABLE_SPECS[event_type].time_column
         times = [getattr(e, time_col) for e in batch]
         lo, hi = min(times) - timedelta(microseconds=1), max(times) + timedelta(microseconds=1)
+        # Typed parameters: the %(x)s form renders datetimes to whole seconds and
+        # would miss stored rows in the last second of the range.
         result = self._client.query(
             f"SELECT event_id FROM {table_name(event_type, self.database)} "
-            f"WHERE {time_col} BETWEEN %(lo)s AND %(hi)s AND event_id IN %(ids)s",
+            f"WHERE {time_col} BETWEEN {{lo:DateTime64(6, 'UTC')}} AND {{hi:DateTime64(6, 'UTC')}} "
+            f"AND event_id IN {{ids:Array(UUID)}}",
             parameters={"lo": lo, "hi": hi, "ids": [e.event_id for e in batch]},
         )
         return {row[0] for row in result.result_rows}

@@ -1,0 +1,114 @@
+"""Integration fixtures: a real broker and a real ClickHouse engine, started once.
+
+``VIGIL_KAFKA_BOOTSTRAP`` / ``VIGIL_CLICKHOUSE_DSN`` point the suite at
+existing ones; otherwise tansu runs on a free loopback port and chDB in a
+temporary directory. Each test gets its own topics (a unique prefix), its own
+consumer groups and its own ClickHouse database.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from streams.config import StreamConfig
+from streams.history import HistoryStore
+from streams.kafka import ensure_topics
+from vigil.broker import TansuBroker, find_tansu
+from vigil.stack import wait_for_file
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap():
+    external = os.environ.get("VIGIL_KAFKA_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    broker = TansuBroker(find_tansu(None)).start()
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def history_session(tmp_path_factory):
+    dsn = os.environ.get("VIGIL_CLICKHOUSE_DSN") or f"chdb://{tmp_path_factory.mktemp('chdb')}/history"
+    store = HistoryStore(dsn, database="vigil_session")
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def config(kafka_bootstrap) -> StreamConfig:
+    tag = uuid.uuid4().hex[:10]
+    cfg = StreamConfig(bootstrap=kafka_bootstrap, topic_prefix=f"test-{tag}", group_id=f"detect-{tag}")
+    ensure_topics(cfg.kafka_conf(), cfg.topic_prefix)
+    return cfg
+
+
+@pytest.fixture
+def history(history_session) -> HistoryStore:
+    store = history_session.with_database(f"test_{uuid.uuid4().hex[:10]}")
+    store.migrate()
+    return store
+
+
+class WorkerProcess:
+    def __init__(self, config: StreamConfig, workdir: Path) -> None:
+        self.config = config
+        self.ready = workdir / f"ready-{uuid.uuid4().hex[:6]}"
+        self.log = workdir / "worker.log"
+        env = dict(os.environ, VIGIL_KAFKA_BOOTSTRAP=config.bootstrap, VIGIL_TOPIC_PREFIX=config.topic_prefix,
+                   VIGIL_GROUP_ID=config.group_id, VIGIL_STATE_DIR=str(workdir))
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "vigil.cli", "worker", "--ready-file", str(self.ready), "--log-level", "INFO"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        if not wait_for_file(self.ready, timeout_s, alive=lambda: self.proc.poll() is None):
+            raise AssertionError(f"worker not ready; log:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def worker(config, tmp_path):
+    w = WorkerProcess(config, tmp_path)
+    try:
+        w.wait_ready()
+        yield w
+    finally:
+        w.stop()
+
+
+def wait_for(predicate, timeout_s: float, poll=None):
+    """Poll ``predicate`` (calling ``poll()`` between tries, e.g. a consumer read) until true."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        if poll is not None:
+            poll()
+        else:
+            time.sleep(0.02)
+    return predicate()
