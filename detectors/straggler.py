@@ -1,0 +1,517 @@
+"""Straggler localization from per-rank compute and communication times.
+
+Detection of a fail-slow runs on the job's iteration time (every rank of a
+synchronous job sees the same one); *localization* needs what each rank did
+with that time. Given per-rank records with data/pipeline/tensor-parallel
+coordinates::
+
+    {"rank": 17, "dp": 2, "pp": 1, "tp": 1, "compute": 0.81, "comm": 0.22,
+     "ops": {"tp": 0.12, "pp": 0.03, "dp": 0.07}}        # ops optional
+
+:func:`localize` names the culprit class and its location:
+
+``worker``
+    one rank computes longer than its peers (and they wait for it, in their
+    collectives); location ``("rank", r)``.
+``stage``
+    every rank of one pipeline stage computes longer (stage imbalance);
+    location ``("stage", p)``.
+``link``
+    a communication group is slow: its *transfer* time is longer for every
+    member. Location ``("tp", dp, pp)`` (a tensor-parallel group),
+    ``("dp", pp, tp)`` (a data-parallel group) or ``("pp", dp, tp)`` (a
+    pipeline lane). Needs per-op timings (``ops``); without them a slow link
+    cannot be told from the waits it causes and is reported as ``none``.
+``none``
+    no single culprit: the imbalance is data-dependent and spread over ranks
+    (or there is none).
+
+How (robust statistics only: medians, lower medians and MADs):
+
+1. *Stages*: each stage's compute is the lower median of its ranks; a stage is
+   slow when it exceeds the lower median of the stages by ``stage_rel``.
+2. *Ranks*: a rank's compute is normalised by its stage and by its replica
+   (the lower median over the replica: the data factor every rank of a
+   replica shares); a rank is a straggler when the residual exceeds
+   ``worker_rel`` and ``z`` robust standard deviations of all residuals.
+   With one rank per replica (pure data parallelism) the replica factor
+   itself is compared across replicas.
+3. *Links*: a collective lasts the wait for its last member plus the
+   transfer, so the *minimum* duration over a group's members estimates its
+   transfer. A group is slow when that minimum exceeds the lower median of
+   the groups of its kind by ``link_rel`` and ``z`` robust deviations.
+4. Every candidate carries its excess in seconds; the top one is the culprit
+   when it beats the runner-up (at another location) by ``dominance``; else
+   ``none``. Ranked suspects carry their evidence.
+
+"Lower median" here is the reference level: the median of three or more
+values, the minimum of two (a fail-slow only adds time, so with two stages or
+two members the reference is the healthy one). Group transfer estimates are
+taken per iteration (min over members) and then their median over the window.
+
+:func:`localize_window` takes several iterations and works on each rank's
+median over them, which removes the per-iteration data-dependent imbalance
+and keeps persistent culprits. :class:`StragglerLocalizer` (registered as
+``straggler``) does that online. :func:`falcon_rule` and
+:func:`falcon_localize` are Falcon's 1.1x-median rule, the baseline.
+
+References
+----------
+Wu et al., "FALCON: Pinpointing and Mitigating Stragglers for Large-Scale
+Hybrid-Parallel Training" (2024) — the 1.1x-median rule and the
+compute/communication split; Lin et al., "Understanding Stragglers in
+Large Model Training Using What-if Analysis" (OSDI 2025) — stage imbalance
+and data-dependent stragglers; Hampel (1974), the MAD.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+
+__all__ = ["Suspect", "Localization", "localize", "localize_window", "falcon_rule", "falcon_localize", "StragglerLocalizer"]
+
+_KINDS = ("tp", "pp", "dp")
+_MAD_K = 1.4826
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """One ranked suspect: its class, location, excess seconds, and evidence."""
+
+    culprit: str
+    location: tuple
+    excess_s: float
+    score: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Localization:
+    """The verdict: ``culprit`` in worker/stage/link/none, its ``location`` and the ranked suspects."""
+
+    culprit: str
+    location: tuple | None
+    suspects: tuple[Suspect, ...]
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+def _lower_median(a: np.ndarray) -> float:
+    """Reference level robust to one high outlier: the minimum of two, else the median."""
+    a = np.sort(np.asarray(a, dtype=float))
+    if len(a) <= 2:
+        return float(a[0])
+    return float(np.median(a))
+
+
+def _robust_sd(a: np.ndarray, floor: float) -> float:
+    a = np.asarray(a, dtype=float)
+    return max(_MAD_K * float(np.median(np.abs(a - np.median(a)))), floor)
+
+
+def _validate(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    if not isinstance(records, Sequence) or len(records) == 0:
+        raise DetectorError("records must be a non-empty sequence of per-rank mappings")
+    seen = set()
+    for r in records:
+        if not isinstance(r, Mapping):
+            raise DetectorError(f"a per-rank record must be a mapping, got {type(r).__name__}")
+        for k in ("rank", "dp", "pp", "tp"):
+            v = r.get(k)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise DetectorError(f"record field {k!r} must be a non-negative int, got {v!r}")
+        for k in ("compute", "comm"):
+            v = r.get(k)
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v) or v < 0:
+                raise DetectorError(f"rank {r.get('rank')}: {k!r} must be a finite non-negative number of seconds, got {v!r}")
+        if r["rank"] in seen:
+            raise DetectorError(f"rank {r['rank']} appears twice in one iteration")
+        seen.add(r["rank"])
+    return list(records)
+
+
+def _group_transfers(recs: Sequence[Mapping[str, Any]]) -> dict[str, dict[tuple, tuple[float, tuple[int, ...]]]]:
+    """Per kind of collective, per group: (min duration over its members, member ranks).
+
+    Groups are keyed by their location: ``("tp", dp, pp)``, ``("dp", pp, tp)``,
+    ``("pp", dp, tp)``. Kinds missing from any record's ``ops``, and groups of
+    one member, are left out.
+    """
+    if not all(isinstance(r.get("ops"), Mapping) for r in recs):
+        return {}
+    out: dict[str, dict[tuple, tuple[float, tuple[int, ...]]]] = {}
+    coords = {"tp": ("dp", "pp"), "dp": ("pp", "tp"), "pp": ("dp", "tp")}
+    for kind in _KINDS:
+        if not all(kind in r["ops"] for r in recs):
+            continue
+        a, b = coords[kind]
+        acc: dict[tuple, list] = {}
+        for r in recs:
+            v = r["ops"][kind]
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v) or v < 0:
+                raise DetectorError(f"rank {r['rank']}: ops[{kind!r}] must be a finite non-negative number, got {v!r}")
+            acc.setdefault((kind, int(r[a]), int(r[b])), []).append((float(v), int(r["rank"])))
+        groups = {loc: (min(v for v, _ in m), tuple(sorted(rk for _, rk in m))) for loc, m in acc.items() if len(m) >= 2}
+        if groups:
+            out[kind] = groups
+    return out
+
+
+def localize(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    stage_rel: float = 0.06,
+    worker_rel: float = 0.06,
+    link_rel: float = 0.15,
+    z: float = 5.0,
+    dominance: float = 1.5,
+    max_suspects: int = 5,
+    _transfers: dict | None = None,
+) -> Localization:
+    """Localize the straggler of one iteration (or of per-rank medians over several).
+
+    Parameters
+    ----------
+    records : sequence of mapping
+        One record per rank: ``rank, dp, pp, tp, compute, comm`` and optionally
+        ``ops`` (mapping ``"tp"|"pp"|"dp"`` -> seconds in that kind of collective).
+    stage_rel, worker_rel, link_rel : float
+        Minimum relative excess of a stage, a rank, a group's transfer time.
+    z : float
+        Minimum robust z-score (vs 1.4826 x MAD) of a rank or group.
+    dominance : float
+        The top suspect must exceed the runner-up (elsewhere) by this factor.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from producers.rank_traces import make_localization_case
+    >>> its, truth = make_localization_case(np.random.default_rng(3), culprit="worker", grid=(4, 2, 4), n_iters=1)
+    >>> loc = localize(its[0])
+    >>> (loc.culprit, loc.location) == (truth["culprit"], truth["location"])
+    True
+    """
+    recs = _validate(records)
+    n = len(recs)
+    rank = np.array([r["rank"] for r in recs])
+    dpc = np.array([r["dp"] for r in recs])
+    ppc = np.array([r["pp"] for r in recs])
+    tpc = np.array([r["tp"] for r in recs])
+    comp = np.array([float(r["compute"]) for r in recs])
+    comm = np.array([float(r["comm"]) for r in recs])
+    stages = np.unique(ppc)
+    replicas = np.unique(dpc)
+    suspects: list[Suspect] = []
+    ev: dict[str, Any] = {"ranks": n, "compute_median": float(np.median(comp)), "comm_median": float(np.median(comm))}
+
+    # 1. stages
+    S = {int(p): _lower_median(comp[ppc == p]) for p in stages}
+    if len(stages) >= 2:
+        sref = _lower_median(np.array(list(S.values())))
+        ev["stage_compute"] = S
+        for p, sp in S.items():
+            rel = sp / sref - 1.0 if sref > 0 else 0.0
+            if rel >= stage_rel:
+                members = ppc == p
+                frac = float(np.mean(comp[members] > sref * (1 + stage_rel / 2)))
+                suspects.append(
+                    Suspect("stage", ("stage", p), (sp - sref), rel / stage_rel,
+                            {"stage_compute": sp, "reference": sref, "rel_excess": rel, "ranks_elevated": frac})
+                )
+
+    # 2. ranks, normalised by stage and replica
+    x = comp / np.array([S[int(p)] for p in ppc])
+    R = {int(d): _lower_median(x[dpc == d]) for d in replicas}
+    single = all(np.sum(dpc == d) == 1 for d in replicas)
+    if single:
+        resid = x / _lower_median(x) - 1.0 if n >= 3 else np.zeros(n)
+    else:
+        resid = x / np.array([R[int(d)] for d in dpc]) - 1.0
+    lres = np.log1p(resid)
+    sd = _robust_sd(lres, 0.005)
+    med = float(np.median(lres))
+    for i in np.argsort(-resid)[: max_suspects + 1]:
+        zi = (lres[i] - med) / sd
+        if resid[i] >= worker_rel and zi >= z:
+            expected = comp[i] / (1.0 + resid[i])
+            others = np.ones(n, dtype=bool)
+            others[i] = False
+            suspects.append(
+                Suspect("worker", ("rank", int(rank[i])), float(comp[i] - expected), float(zi / z),
+                        {"rank": int(rank[i]), "dp": int(dpc[i]), "pp": int(ppc[i]), "tp": int(tpc[i]),
+                         "compute": float(comp[i]), "expected": float(expected), "rel_excess": float(resid[i]),
+                         "z": float(zi), "comm": float(comm[i]), "peers_comm_median": float(np.median(comm[others]))})
+            )
+    if not single and len(replicas) >= 2:
+        rv = np.array(list(R.values()))
+        ev["replica_spread"] = float(_robust_sd(np.log(rv), 0.0))
+
+    # 3. communication groups: min over members estimates the transfer time
+    transfers = _transfers if _transfers is not None else _group_transfers(recs)
+    ev["ops"] = bool(transfers)
+    for kind, groups in transfers.items():
+        if len(groups) < 2:
+            continue
+        locs = list(groups)
+        mins = np.array([groups[g][0] for g in locs])
+        ref = _lower_median(mins)
+        if ref <= 0:
+            continue
+        gsd = _robust_sd(mins, 0.02 * ref)
+        for gi in np.argsort(-mins)[: max_suspects + 1]:
+            rel = mins[gi] / ref - 1.0
+            zg = (mins[gi] - ref) / gsd
+            if rel >= link_rel and zg >= z:
+                loc = locs[gi]
+                suspects.append(
+                    Suspect("link", loc, float(mins[gi] - ref), float(zg / z),
+                            {"kind": kind, "transfer_estimate": float(mins[gi]), "reference": ref, "rel_excess": float(rel),
+                             "z": float(zg), "members": list(groups[loc][1])})
+                )
+
+    suspects.sort(key=lambda s: (-s.excess_s, -s.score))
+    suspects = suspects[:max_suspects]
+    if not suspects:
+        return Localization("none", None, (), ev)
+    top = suspects[0]
+    runner = next((s for s in suspects[1:] if s.location != top.location), None)
+    if runner is not None and top.excess_s < dominance * runner.excess_s:
+        ev["ambiguous"] = True
+        return Localization("none", None, tuple(suspects), ev)
+    return Localization(top.culprit, top.location, tuple(suspects), ev)
+
+
+def _median_records(iterations: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    by_rank: dict[int, list[Mapping[str, Any]]] = {}
+    for it in iterations:
+        for r in _validate(it):
+            by_rank.setdefault(int(r["rank"]), []).append(r)
+    out = []
+    for rk, rs in sorted(by_rank.items()):
+        rec: dict[str, Any] = {k: int(rs[-1][k]) for k in ("rank", "dp", "pp", "tp")}
+        rec["compute"] = float(np.median([r["compute"] for r in rs]))
+        rec["comm"] = float(np.median([r["comm"] for r in rs]))
+        if all(isinstance(r.get("ops"), Mapping) for r in rs):
+            kinds = set.intersection(*(set(r["ops"]) for r in rs))
+            rec["ops"] = {k: float(np.median([r["ops"][k] for r in rs])) for k in sorted(kinds)}
+        out.append(rec)
+    return out
+
+
+def localize_window(iterations: Sequence[Sequence[Mapping[str, Any]]], **params: Any) -> Localization:
+    """:func:`localize` on each rank's median over several iterations.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from producers.rank_traces import make_localization_case
+    >>> its, truth = make_localization_case(np.random.default_rng(7), culprit="link", grid=(8, 2, 4))
+    >>> loc = localize_window(its)
+    >>> (loc.culprit, loc.location) == ("link", truth["location"])
+    True
+    """
+    if not isinstance(iterations, Sequence) or len(iterations) == 0:
+        raise DetectorError("iterations must be a non-empty sequence of per-rank record lists")
+    per_it = [_group_transfers(_validate(it)) for it in iterations]
+    transfers: dict[str, dict[tuple, tuple[float, tuple[int, ...]]]] = {}
+    if all(per_it):
+        for kind in set.intersection(*(set(g) for g in per_it)):
+            locs = set.intersection(*(set(g[kind]) for g in per_it))
+            transfers[kind] = {
+                loc: (float(np.median([g[kind][loc][0] for g in per_it])), per_it[-1][kind][loc][1]) for loc in sorted(locs)
+            }
+    return localize(_median_records(iterations), _transfers=transfers, **params)
+
+
+def falcon_rule(times: Sequence[float] | np.ndarray, factor: float = 1.1) -> np.ndarray:
+    """Falcon's baseline: indices whose time exceeds ``factor`` x the median.
+
+    >>> falcon_rule([1.0, 1.02, 0.99, 1.3, 1.01]).tolist()
+    [3]
+    """
+    a = np.asarray(times, dtype=float)
+    if a.ndim != 1 or a.size == 0:
+        raise DetectorError("times must be a non-empty 1-D sequence")
+    return np.flatnonzero(a > factor * np.median(a))
+
+
+def falcon_localize(records: Sequence[Mapping[str, Any]], factor: float = 1.1) -> Localization:
+    """Baseline localizer from :func:`falcon_rule` on compute times.
+
+    One flagged rank -> ``worker``; the flagged ranks are exactly one stage ->
+    ``stage``; else ``none`` (it has no notion of a slow link).
+    """
+    recs = _validate(records)
+    comp = np.array([float(r["compute"]) for r in recs])
+    flagged = falcon_rule(comp, factor)
+    if len(flagged) == 1:
+        r = recs[int(flagged[0])]
+        return Localization("worker", ("rank", int(r["rank"])), ())
+    if len(flagged) > 1:
+        stages = {int(recs[i]["pp"]) for i in flagged}
+        if len(stages) == 1:
+            p = stages.pop()
+            if len(flagged) == sum(1 for r in recs if r["pp"] == p):
+                return Localization("stage", ("stage", p), ())
+    return Localization("none", None, ())
+
+
+@register
+class StragglerLocalizer(Detector):
+    """Online straggler localization over a sliding window of iterations.
+
+    Each ``update`` takes one iteration's per-rank records (see
+    :func:`localize`). After ``min_iterations`` iterations the detector runs
+    :func:`localize_window` over the last ``window`` iterations; a culprit
+    that is the verdict for ``confirm`` consecutive updates becomes the
+    finding (sev3: a fail-slow to mitigate, not a failure).
+
+    Parameters
+    ----------
+    window : int, default 8
+        Iterations in the sliding window.
+    min_iterations : int, default 4
+        Iterations before the first verdict.
+    confirm : int, default 2
+        Consecutive identical verdicts that open (or change) the finding.
+    **localize params : stage_rel, worker_rel, link_rel, z, dominance
+        Passed to :func:`localize`.
+
+    Update signature: ``update(records, *, t)`` — one iteration, ``t`` its end.
+
+    Finding: kind ``"straggler"``, severity 3, onset = end time of the first
+    iteration of the window in which the culprit was first confirmed,
+    evidence ``culprit, location, suspects`` (list of dicts with ``culprit,
+    location, excess_s, score, evidence``), ``iterations``.
+
+    References
+    ----------
+    Falcon (Wu et al., 2024); Lin et al., OSDI 2025.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from producers.rank_traces import make_localization_case
+    >>> its, truth = make_localization_case(np.random.default_rng(11), culprit="stage", grid=(4, 4, 2), n_iters=8)
+    >>> det = StragglerLocalizer()
+    >>> for i, recs in enumerate(its):
+    ...     det.update(recs, t=float(i))
+    >>> f = det.finding
+    >>> (f.kind, f.evidence["culprit"], f.evidence["location"] == truth["location"])
+    ('straggler', 'stage', True)
+    """
+
+    name = "straggler"
+    version = "1"
+
+    def __init__(
+        self,
+        window: int = 8,
+        min_iterations: int = 4,
+        confirm: int = 2,
+        stage_rel: float = 0.06,
+        worker_rel: float = 0.06,
+        link_rel: float = 0.15,
+        z: float = 5.0,
+        dominance: float = 1.5,
+    ):
+        for nm, v in (("window", window), ("min_iterations", min_iterations), ("confirm", confirm)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise DetectorError(f"{nm} must be a positive int, got {v!r}")
+        if min_iterations > window:
+            raise DetectorError(f"min_iterations ({min_iterations}) must not exceed window ({window})")
+        self.window = window
+        self.min_iterations = min_iterations
+        self.confirm = confirm
+        self.stage_rel = _check_positive(stage_rel, "stage_rel")
+        self.worker_rel = _check_positive(worker_rel, "worker_rel")
+        self.link_rel = _check_positive(link_rel, "link_rel")
+        self.z = _check_positive(z, "z")
+        self.dominance = _check_positive(dominance, "dominance")
+        self._reset()
+
+    def _reset(self) -> None:
+        self._iters: deque = deque(maxlen=self.window)
+        self._times: deque = deque(maxlen=self.window)
+        self._result: Localization | None = None
+        self._streak = 0
+        self._streak_start: float | None = None
+        self._confirmed: dict[str, Any] | None = None
+
+    def update(self, records: Sequence[Mapping[str, Any]], *, t: float) -> None:
+        t = _check_time(t, "t")
+        recs = [dict(r, ops=dict(r["ops"])) if isinstance(r.get("ops"), Mapping) else dict(r) for r in _validate(records)]
+        self._iters.append(recs)
+        self._times.append(t)
+        if len(self._iters) < self.min_iterations:
+            return
+        res = localize_window(
+            list(self._iters), stage_rel=self.stage_rel, worker_rel=self.worker_rel, link_rel=self.link_rel, z=self.z, dominance=self.dominance
+        )
+        prev = self._result
+        self._result = res
+        if prev is not None and (res.culprit, res.location) == (prev.culprit, prev.location):
+            self._streak += 1
+        else:
+            self._streak = 1
+            self._streak_start = self._times[0]
+        if res.culprit == "none":
+            if self._streak >= self.confirm:
+                self._confirmed = None
+            return
+        if self._streak >= self.confirm:
+            c = self._confirmed
+            if c is None or (c["culprit"], c["location"]) != (res.culprit, res.location):
+                self._confirmed = {"culprit": res.culprit, "location": res.location, "onset": self._streak_start, "detected_at": t}
+            self._confirmed["suspects"] = [
+                {"culprit": s.culprit, "location": s.location, "excess_s": s.excess_s, "score": s.score, "evidence": s.evidence}
+                for s in res.suspects
+            ]
+
+    @property
+    def localization(self) -> Localization | None:
+        """The latest verdict over the window (None before ``min_iterations``)."""
+        return self._result
+
+    @property
+    def finding(self) -> Finding | None:
+        c = self._confirmed
+        if c is None:
+            return None
+        return Finding(
+            "straggler",
+            3,
+            c["onset"],
+            c["detected_at"],
+            {"culprit": c["culprit"], "location": c["location"], "suspects": c["suspects"], "iterations": len(self._iters)},
+        )
+
+    @classmethod
+    def _conformance_params(cls) -> dict[str, Any]:
+        return {"window": 6, "min_iterations": 3}
+
+    @classmethod
+    def _conformance_feed(cls, seed: int) -> Iterable[tuple[str, tuple, dict]]:
+        rng = np.random.default_rng(seed)
+        dp, pp, tp = 4, 2, 2
+        calls = []
+        for i in range(12):
+            f_d = np.exp(rng.normal(0, 0.02, dp))
+            recs = []
+            for d in range(dp):
+                for p in range(pp):
+                    for t in range(tp):
+                        c = float(1.0 * f_d[d] * np.exp(rng.normal(0, 0.01)))
+                        ops = {k: float(0.1 * np.exp(rng.normal(0, 0.02))) for k in _KINDS}
+                        recs.append({"rank": (p * dp + d) * tp + t, "dp": d, "pp": p, "tp": t, "compute": c, "comm": sum(ops.values()), "ops": ops})
+            calls.append(("update", (recs,), {"t": 10.0 * (i + 1)}))
+        return calls
+
+    @classmethod
+    def _conformance_warmup(cls) -> int:
+        return 12

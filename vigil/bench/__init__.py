@@ -1,0 +1,1 @@
+"""Benchmarks: each writes JSON and prints a short table."""
