@@ -65,8 +65,9 @@ def _terminate_on_sigterm() -> None:
 def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (default: a free one).")) -> None:
     """Run the embedded stack in the foreground: tansu broker, topics, ClickHouse history and its sink.
 
-    Other vigil commands find it through the state directory (VIGIL_STATE_DIR, default ./.vigil).
-    Stop it with Ctrl-C or SIGTERM; it stops everything it started.
+    Other vigil commands find it through the state directory
+    (VIGIL_STATE_DIR, default ./.vigil). Stop it with Ctrl-C or SIGTERM;
+    it stops everything it started.
     """
     from vigil.broker import StackError
     from vigil.stack import EmbeddedStack
@@ -101,7 +102,8 @@ def worker(
 ) -> None:
     """Run a detection worker (faust): heartbeat loss and hang detection, alerts to <prefix>.alerts.
 
-    Several workers share the topics' partitions in one consumer group (VIGIL_GROUP_ID).
+    Several workers share the topics' partitions in one consumer group
+    (VIGIL_GROUP_ID).
     """
     from vigil.broker import StackError
     from vigil.stack import resolve_bootstrap, stream_config
@@ -142,9 +144,10 @@ def sql(
 ) -> None:
     """Run SQL against the history (through the running stack when it owns the chDB directory).
 
-    Tables live in the database VIGIL_CLICKHOUSE_DATABASE (default vigil): alerts, heartbeats,
-    iterations, xid_errors, nic_counters, gpu_telemetry, process_exits, training_exceptions,
-    job_states, node_states, decisions, actions, dead_letters.
+    Tables live in the database VIGIL_CLICKHOUSE_DATABASE (default vigil):
+    alerts, heartbeats, iterations, xid_errors, nic_counters, gpu_telemetry,
+    process_exits, training_exceptions, job_states, node_states, decisions,
+    actions, dead_letters.
     """
     from streams.history import HistoryError
     from vigil.stack import open_history
@@ -227,6 +230,36 @@ def format_alert(alert: "object") -> str:
     subject = " ".join(f"{k}={v}" for k, v in alert.subject.model_dump(exclude_none=True).items())
     return (f"[{colour}]sev{alert.severity}[/{colour}] {alert.status:<8} {alert.kind:<12} {subject:<24} "
             f"onset {alert.onset_time:%H:%M:%S.%f}"[:-3] + f"  {alert.summary}")
+
+
+@bench_app.command("detectors")
+def bench_detectors(
+    json_path: Path = typer.Option(Path("bench/results/detectors.json"), "--json", help="Where to write the results."),
+    traces: int = typer.Option(500, min=10, help="Labelled traces to generate (half of them clean)."),
+    seed: int = typer.Option(0, help="Seed of the trace generator."),
+) -> None:
+    """Score every change-point detector and baseline on labelled iteration-time traces.
+
+    Reports accuracy, false-positive and false-negative rates, detection
+    delay and onset error in iterations, and updates per second; also the
+    straggler localizer's accuracy and the ACF iteration-period error.
+    Writes JSON and prints a table.
+    """
+    from vigil.bench.detectors import run
+
+    with console.status("generating traces...") as status:
+        result = run(str(json_path), n_traces=traces, seed=seed,
+                     progress=lambda what: status.update(f"scoring {what}..."))
+    table = Table("detector", "accuracy", "FPR", "FNR", "FNR >=10%", "delay p50", "delay p95", "onset err p50", "updates/s")
+    fmt = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
+    for name, r in result["detectors"].items():
+        table.add_row(name, fmt(r.get("accuracy")), fmt(r.get("fpr")), fmt(r.get("fnr")), fmt(r.get("fnr_ge10")),
+                      fmt(r.get("delay_median"), 1), fmt(r.get("delay_p95"), 1), fmt(r.get("onset_error_median"), 1),
+                      f"{r.get('updates_per_s', 0):,.0f}")
+    console.print(table)
+    console.print(f"localizer accuracy {fmt((result.get('localizer') or {}).get('accuracy'))}, "
+                  f"ACF median relative error {fmt((result.get('acf') or {}).get('rel_error_median'), 4)}")
+    console.print(f"written to {json_path}")
 
 
 @schemas_app.command("export")
