@@ -72,6 +72,20 @@ class DetectionEngine:
             return [alert] if alert else []
         return []
 
+    def forget(self, nodes: set[str] = frozenset(), jobs: set[str] = frozenset()) -> None:
+        """Drop the state of subjects whose partitions moved to another worker.
+
+        The new owner rebuilds it from the log; keeping it here would make a
+        node whose heartbeats now go elsewhere look lost.
+        """
+        for node in nodes:
+            self.heartbeat.pop(node, None)
+            self.incidents.forget("node_lost", Subject(node=node))
+        for job in jobs:
+            self.hang.pop(job, None)
+            self._last_step.pop(job, None)
+            self.incidents.forget("task_hang", Subject(job=job))
+
     def tick(self, now: float) -> list[Alert]:
         """Advance every timer to ``now``; return newly opened incidents."""
         alerts: list[Alert] = []

@@ -83,6 +83,10 @@ class IncidentBook:
         incident.summary = f"{incident.summary} — resolved: {why}"
         return self._alert(incident, "resolved", now)
 
+    def forget(self, kind: str, subject: Subject) -> None:
+        """Stop tracking an incident without resolving it (another worker owns it now)."""
+        self._open.pop((kind, subject_key(subject)), None)
+
     @staticmethod
     def _add_evidence(incident: Incident, evidence: dict[str, Any]) -> None:
         incident.evidence_count += 1

@@ -42,10 +42,19 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None) -> Vi
             log.info("alert %s v%d %s sev%d %s", alert.status, alert.incident_version, alert.kind,
                      alert.severity, alert.subject.model_dump(exclude_none=True))
 
+    # Which subjects each partition carried, to forget them when it is revoked.
+    subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
+
     async def consume(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
             decoded = decode(event.value)
+            nodes, jobs = subjects_of.setdefault((msg.topic, msg.partition), (set(), set()))
+            for ev in decoded.events:
+                if ev.event_type == "heartbeat" and ev.source.node:  # type: ignore[attr-defined]
+                    nodes.add(ev.source.node)
+                elif ev.source.job:
+                    jobs.add(ev.source.job)
             for err in decoded.errors:
                 dl = dead_letter(err, msg.topic, msg.partition, msg.offset)
                 await dlq_topic.send(key=msg.topic.encode(), value=encode(dl))
@@ -56,6 +65,12 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None) -> Vi
 
     for event_type in ("heartbeat", "iteration"):
         app.agent(raw_topic(event_type), name=f"detect-{event_type}")(consume)
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
+        for tp in revoked:
+            nodes, jobs = subjects_of.pop((tp.topic, tp.partition), (set(), set()))
+            engine.forget(nodes=nodes, jobs=jobs)
 
     ready = {"written": False}
 

@@ -277,8 +277,11 @@ def _live_view(sim: ClusterSimulator, start: float, now: float, published: int, 
 
 def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tuple, sim: ClusterSimulator,
             faults: list[Fault], seen: list[SeenAlert]) -> bool:
+    console.print()
     console.rule("[bold]scoreboard[/bold]")
     table = Table("injected fault", "target", "expected", "detected", "severity", "latency (s)")
+    for column in table.columns:
+        column.no_wrap = True
     ok = True
     for row in scoreboard:
         good = row["detected"] and row["severity_ok"]

@@ -73,3 +73,18 @@ def test_replaying_the_same_events_gives_the_same_incident_ids():
     a1, _ = play(cluster([Fault("node_loss", "n5", at=10.0)]), 20)
     a2, _ = play(cluster([Fault("node_loss", "n5", at=10.0)]), 20)
     assert [a.event_id for a, _ in a1] == [a.event_id for a, _ in a2]
+
+
+def test_forgotten_subjects_raise_nothing_here():
+    """After a rebalance moves a node's partition away, its silence is not a loss here."""
+    sim = cluster([])
+    engine = DetectionEngine()
+    t = sim.start
+    for _ in range(100):
+        t += TICK
+        for group in sim.advance(t):
+            for ev in group:
+                engine.on_event(ev, t)
+        engine.tick(t)
+    engine.forget(nodes={"n0", "n1", "n2", "n3", "n4", "n5"}, jobs={"a", "b"})
+    assert engine.tick(t + 100) == []
