@@ -8,10 +8,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test install clean
 
 $(BIN)/python:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "vigil needs Python >= 3.11; set PYTHON=python3.11")'
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { echo "the venv module is missing: apt-get install python3-venv"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# torch is pinned: an unpinned torch pulls gigabytes of CUDA wheels.
+# torch is pinned to the CPU build these machines carry locally (pip's find-links);
+# an unpinned torch resolves to the newest release and its gigabytes of CUDA wheels.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -e ".[dev,torch]"
@@ -26,4 +29,4 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) .state
+	rm -rf $(VENV) .vigil

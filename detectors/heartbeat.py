@@ -67,9 +67,10 @@ class HeartbeatLoss(Detector):
         t = _check_time(t, "t")
         if interval_s is not None:
             self._interval = _check_positive(interval_s, "interval_s")
-        if self._last_seen is None or t >= self._last_seen:
-            self._last_seen = t
-            self._last_seq = seq
+        if self._last_seen is not None and t <= self._last_seen:
+            return  # a late or redelivered heartbeat says nothing new about liveness
+        self._last_seen = t
+        self._last_seq = seq
         if self._finding is not None:
             self._finding = None
             self._recovered_at = t

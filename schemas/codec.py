@@ -48,8 +48,8 @@ def decode_event(obj: object, raw: bytes) -> Envelope:
             raw,
             field="event_type",
         )
-    version = obj.get("version", 1)
-    if version not in model.SUPPORTED_VERSIONS:
+    version = obj.get("version")
+    if type(version) is not int or version not in model.SUPPORTED_VERSIONS:
         raise DecodeError(
             "unsupported_version",
             f"{event_type} version {version!r} is not one this code reads ({list(model.SUPPORTED_VERSIONS)}); "
@@ -81,6 +81,9 @@ def decode(raw: bytes | None) -> Decoded:
         parsed = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         out.errors.append(DecodeError("not_json", f"not valid UTF-8 JSON: {exc}", raw))
+        return out
+    except RecursionError:
+        out.errors.append(DecodeError("not_json", "JSON nested too deeply to parse", raw))
         return out
     items = parsed if isinstance(parsed, list) else [parsed]
     single = not isinstance(parsed, list)

@@ -18,6 +18,10 @@ class EngineParams:
     hang_k: float = 3.0
     hang_warmup: int = 5
     heartbeat_missed_intervals: float = 2.5
+    #: Events older than this (against the worker's clock) do not start tracking a
+    #: subject: a new consumer group reading an old log must not report every node
+    #: that left the cluster long ago as lost.
+    max_event_age_s: float = 300.0
 
 
 class DetectionEngine:
@@ -28,7 +32,7 @@ class DetectionEngine:
         self.incidents = IncidentBook(cluster=cluster)
         self.hang: dict[str, HangDetector] = {}
         self.heartbeat: dict[str, HeartbeatLoss] = {}
-        self._last_step: dict[str, int] = {}
+        self._last_step: dict[str, tuple[int, float]] = {}
 
     def on_event(self, event: Envelope, now: float) -> list[Alert]:
         """Feed one event; return alerts that the event itself settles (resolutions)."""
@@ -44,6 +48,8 @@ class DetectionEngine:
             return []
         det = self.heartbeat.get(node)
         if det is None:
+            if now - to_seconds(hb.event_time) > self.params.max_event_age_s:
+                return []
             det = self.heartbeat[node] = HeartbeatLoss(missed_intervals=self.params.heartbeat_missed_intervals,
                                                        interval_s=hb.interval_s)
         was_lost = det.finding is not None
@@ -57,16 +63,22 @@ class DetectionEngine:
         job = it.source.job
         if job is None:
             return []
-        # Every rank reports each step; the job progressed when a new step appears.
-        if it.step <= self._last_step.get(job, -1):
+        # Every rank reports each step: the job progressed when another step ends
+        # later than the last one did. Step numbers may go back (a restart from a
+        # checkpoint); old events (redelivered, late ranks) end earlier.
+        end = to_seconds(it.end)
+        last = self._last_step.get(job)
+        if last is not None and (it.step == last[0] or end <= last[1]):
             return []
-        self._last_step[job] = it.step
         det = self.hang.get(job)
+        if det is None and now - end > self.params.max_event_age_s:
+            return []
+        self._last_step[job] = (it.step, end)
         if det is None:
             det = self.hang[job] = HangDetector(k=self.params.hang_k, warmup=self.params.hang_warmup)
         was_hung = det.finding is not None
         if it.duration_s > 0:
-            det.update(it.duration_s, t=to_seconds(it.end))
+            det.update(it.duration_s, t=end)
         if was_hung and det.finding is None:
             alert = self.incidents.resolve("task_hang", Subject(job=job), now, f"step {it.step} completed")
             return [alert] if alert else []

@@ -8,6 +8,7 @@ fetch wait from configuration.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from typing import Any
 
@@ -16,6 +17,8 @@ from faust.auth import SASLCredentials, SSLCredentials
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from streams.config import StreamConfig
+
+log = logging.getLogger(__name__)
 
 
 class _LowLatencyConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
@@ -44,8 +47,16 @@ class VigilApp(faust.App):
         return _LowLatencyTransport(self.conf.broker_consumer, self)
 
 
+#: librdkafka keys this faust transport (aiokafka) understands; others cannot be honoured.
+_UNDERSTOOD = {"security.protocol", "sasl.mechanism", "sasl.username", "sasl.password", "ssl.ca.location"}
+
+
 def _credentials(config: StreamConfig) -> Any:
     sec = config.kafka_security
+    ignored = sorted(set(sec) - _UNDERSTOOD)
+    if ignored:
+        log.warning("the faust workers' Kafka client (aiokafka) cannot use %s; the other vigil "
+                    "clients (librdkafka) do", ", ".join(ignored))
     protocol = sec.get("security.protocol", "PLAINTEXT").upper()
     ctx = None
     if protocol in ("SSL", "SASL_SSL"):

@@ -116,6 +116,15 @@ class HistoryStore:
         while len(self._recent_ids) > self._recent_cap:
             self._recent_ids.popitem(last=False)
 
+    def healthy(self) -> bool:
+        """Does the store answer at all? (Tells a bad event from a store that is down.)"""
+        try:
+            with self._lock:
+                self._client.query("SELECT 1")
+            return True
+        except Exception:
+            return False
+
     # -- reads -------------------------------------------------------------
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
         with self._lock:

@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas import DeadLetter, DecodeError, Source, TOPICS, utcnow
+from schemas import TOPICS, DeadLetter, DecodeError, Envelope, Source, encode, from_seconds, utcnow
 
 #: Namespace of dead-letter ids: one bad record keeps one id whoever reports it.
 _DEAD_LETTER_NS = uuid.UUID("6f1c1d7e-2f55-4d0e-9a51-5a8c0f5d7c11")
@@ -32,11 +32,16 @@ def ensure_topics(kafka_conf: dict[str, Any], prefix: str, timeout_s: float = 15
 
 
 def dead_letter(err: DecodeError, topic: str, partition: int, offset: int,
-                source: Source | None = None) -> DeadLetter:
-    """The dead-letter record for a failed message (or one failed item of a batch)."""
+                message_time: float | None = None, source: Source | None = None) -> DeadLetter:
+    """The dead-letter record for a failed message (or one failed item of a batch).
+
+    Its id and time derive from where the message sits in the log, so every
+    reader of the same bad message (worker, sink, a replay) makes the same
+    record, and the history keeps one.
+    """
     return DeadLetter(
         event_id=uuid.uuid5(_DEAD_LETTER_NS, f"{topic}/{partition}/{offset}/{err.index}"),
-        event_time=utcnow(),
+        event_time=from_seconds(message_time) if message_time is not None else utcnow(),
         source=source or Source(),
         reason=err.reason,
         detail=err.detail,
@@ -45,6 +50,21 @@ def dead_letter(err: DecodeError, topic: str, partition: int, offset: int,
         source_partition=partition,
         source_offset=offset,
         raw_b64=base64.b64encode(err.raw).decode(),
+    )
+
+
+def refused_event(event: Envelope, why: str, topic: str, partition: int, offset: int) -> DeadLetter:
+    """A valid event that a consumer could not use (the store or a detector refused it)."""
+    return DeadLetter(
+        event_id=uuid.uuid5(_DEAD_LETTER_NS, f"refused/{event.event_id}"),
+        event_time=event.event_time,
+        source=event.source,
+        reason="refused",
+        detail=why[:2000],
+        source_topic=topic,
+        source_partition=partition,
+        source_offset=offset,
+        raw_b64=base64.b64encode(encode(event)).decode(),
     )
 
 

@@ -16,13 +16,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
 from schemas import Envelope, all_topic_names, decode
 from streams.config import StreamConfig
 from streams.history import HistoryStore
-from streams.kafka import dead_letter
+from streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,15 @@ class SinkStats:
     errors: list[str] = field(default_factory=list)
 
 
+class _StoreDown(RuntimeError):
+    pass
+
+
+def _timestamp(msg: Any) -> float | None:
+    kind, ms = msg.timestamp()
+    return ms / 1000.0 if kind != TIMESTAMP_NOT_AVAILABLE else None
+
+
 class HistorySink:
     """Consume ``config``'s topics into ``store`` until :meth:`stop`."""
 
@@ -47,6 +57,7 @@ class HistorySink:
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
         self.stats = SinkStats()
+        self.failure: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer = Consumer(config.kafka_conf(**{
@@ -72,9 +83,23 @@ class HistorySink:
     def run(self) -> None:
         try:
             while not self._stop.is_set():
-                self.poll_once()
+                try:
+                    self.poll_once()
+                except KafkaException as exc:
+                    # e.g. a commit during a rebalance: the batch is stored, its offsets
+                    # will be committed with the next batch or re-read (and deduplicated).
+                    log.warning("history sink: %s; continuing", exc)
+                    self.stats.errors.append(str(exc)[:500])
+        except BaseException as exc:
+            self.failure = exc
+            log.exception("history sink stopped")
+            raise
         finally:
             self._consumer.close()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def poll_once(self) -> int:
         """Consume one batch, store it, commit it; return messages handled."""
@@ -83,6 +108,7 @@ class HistorySink:
             return 0
         events: list[Envelope] = []
         offsets: dict[tuple[str, int], int] = {}
+        self._origin: dict[Any, tuple[str, int, int]] = {}
         for msg in messages:
             if msg.error():
                 if msg.error().code() != KafkaError._PARTITION_EOF:
@@ -91,8 +117,10 @@ class HistorySink:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             decoded = decode(msg.value())
             events.extend(decoded.events)
+            for event in decoded.events:
+                self._origin[event.event_id] = (topic, partition, offset)
             for err in decoded.errors:
-                events.append(dead_letter(err, topic, partition, offset))
+                events.append(dead_letter(err, topic, partition, offset, _timestamp(msg)))
                 self.stats.dead_letters += 1
             offsets[(topic, partition)] = offset + 1
         self._store_with_retry(events)
@@ -109,16 +137,40 @@ class HistorySink:
         delay = 0.2
         while True:
             try:
-                written = self.store.insert_events(events)
-                self.stats.stored += written
-                self.stats.duplicates += len(events) - written
+                self._store(events)
                 return
-            except Exception as exc:  # the store's failure modes are many; all mean "retry later"
+            except _StoreDown as exc:
                 self.stats.errors.append(str(exc)[:500])
-                log.error("history insert failed, retrying in %.1f s: %s", delay, exc)
+                log.error("history store unavailable, retrying in %.1f s: %s", delay, exc)
                 if self._stop.wait(delay):
                     raise
                 delay = min(delay * 2, 10.0)
+
+    def _store(self, events: list[Envelope]) -> None:
+        """Insert ``events``; an event the store refuses becomes a dead letter.
+
+        A failed batch is split in halves until the failing event is alone; if
+        the store answers a trivial query then, the event itself is the
+        problem (it is dead-lettered and the rest goes on), else the store is
+        down and the whole batch is retried later.
+        """
+        try:
+            written = self.store.insert_events(events)
+        except Exception as exc:  # clickhouse-connect raises many types; classified below
+            if len(events) > 1:
+                half = len(events) // 2
+                self._store(events[:half])
+                self._store(events[half:])
+                return
+            if not self.store.healthy():
+                raise _StoreDown(str(exc)) from exc
+            [event] = events
+            log.error("history refused event %s: %s", event.event_id, exc)
+            self.stats.dead_letters += 1
+            self._store([refused_event(event, str(exc), *self._origin.get(event.event_id, ("?", 0, 0)))])
+            return
+        self.stats.stored += written
+        self.stats.duplicates += len(events) - written
 
     def wait_until(self, predicate, timeout_s: float) -> bool:
         """Wait (without sleeping blindly) until ``predicate(stats)`` holds."""

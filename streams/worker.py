@@ -18,7 +18,8 @@ from schemas import Alert, decode, encode, message_key
 from streams.config import StreamConfig
 from streams.detection import DetectionEngine, EngineParams
 from streams.faustapp import VigilApp, create_app
-from streams.kafka import dead_letter
+from detectors import DetectorError
+from streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)
 
@@ -56,20 +57,30 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None) -> Vi
                 elif ev.source.job:
                     jobs.add(ev.source.job)
             for err in decoded.errors:
-                dl = dead_letter(err, msg.topic, msg.partition, msg.offset)
+                dl = dead_letter(err, msg.topic, msg.partition, msg.offset, msg.timestamp)
                 await dlq_topic.send(key=msg.topic.encode(), value=encode(dl))
                 log.warning("dead letter %s/%d/%d: %s", msg.topic, msg.partition, msg.offset, err)
             now = time.time()
             for ev in decoded.events:
-                await publish_alerts(engine.on_event(ev, now))
+                try:
+                    alerts = engine.on_event(ev, now)
+                except DetectorError as exc:  # valid JSON a detector cannot use: keep it, go on
+                    dl = refused_event(ev, f"detector refused it: {exc}", msg.topic, msg.partition, msg.offset)
+                    await dlq_topic.send(key=msg.topic.encode(), value=encode(dl))
+                    log.warning("refused %s: %s", ev.event_id, exc)
+                    continue
+                await publish_alerts(alerts)
 
     for event_type in ("heartbeat", "iteration"):
         app.agent(raw_topic(event_type), name=f"detect-{event_type}")(consume)
 
-    @app.on_partitions_revoked.connect
-    async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
-        for tp in revoked:
-            nodes, jobs = subjects_of.pop((tp.topic, tp.partition), (set(), set()))
+    @app.on_partitions_assigned.connect
+    async def on_assigned(app: Any, assigned: Any, **kwargs: Any) -> None:
+        # An eager rebalance revokes every partition and hands most of them straight
+        # back: forget only the subjects whose partitions went to another worker.
+        kept = {(tp.topic, tp.partition) for tp in assigned}
+        for key in [k for k in subjects_of if k not in kept]:
+            nodes, jobs = subjects_of.pop(key)
             engine.forget(nodes=nodes, jobs=jobs)
 
     ready = {"written": False}

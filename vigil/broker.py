@@ -60,14 +60,17 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGTERM the child when its parent dies (no orphan broker)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:  # not Linux: the parent's exit handlers still stop it
-        pass
+try:  # loaded once here: preexec_fn runs after fork, where loading a library can deadlock
+    _LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not glibc Linux: the parent's exit handlers still stop children
+    _LIBC = None
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the kernel sends SIGTERM to the child when its parent dies (no orphans)."""
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def wait_for_metadata(bootstrap: str, timeout_s: float, proc: subprocess.Popen | None = None) -> None:
@@ -124,7 +127,7 @@ class TansuBroker:
                 [str(self.binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
                  "--storage-engine", "memory://tansu/"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         except OSError as exc:
             raise StackError(f"could not start tansu ({self.binary}): {exc}") from exc
@@ -137,6 +140,10 @@ class TansuBroker:
             self.stop()
             raise
         return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self.proc = self.proc, None

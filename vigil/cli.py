@@ -55,10 +55,11 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _terminate_on_sigterm() -> None:
-    """Turn SIGTERM into KeyboardInterrupt so `finally` blocks stop what we started."""
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt so `finally` blocks stop what we started."""
     def handler(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGHUP, handler)
 
 
 @app.command()
@@ -86,13 +87,16 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
         console.print(f"  topics      {settings.topic_prefix}.*")
         console.print("  next        vigil worker  |  vigil tail alerts  |  vigil sql \"SELECT ...\"")
         console.print("Ctrl-C to stop.")
-        while True:
-            time.sleep(1.0)
+        while not (problem := stack.failure()):
+            time.sleep(0.5)
+        err_console.print(f"[red]error:[/red] {problem}; stopping the stack")
+        code = 1
     except KeyboardInterrupt:
-        pass
+        code = 0
     finally:
         stack.stop()
         console.print("stack stopped")
+    raise typer.Exit(code)
 
 
 @app.command()

@@ -31,9 +31,9 @@ from producers.publisher import Publisher
 from producers.simulator import ClusterSimulator, Fault, demo_scenario
 from schemas import Alert, decode
 from streams.kafka import reader
-from vigil.broker import StackError
+from vigil.broker import StackError, die_with_parent
 from vigil.settings import Settings
-from vigil.stack import EmbeddedStack, wait_for_file
+from vigil.stack import EmbeddedStack, StackInfo, wait_for_file
 
 SCENARIO_S = 30.0
 GRACE_S = 15.0
@@ -86,6 +86,7 @@ class WorkerProcesses:
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "vigil.cli", "worker", "--ready-file", str(ready)],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
             ))
         log.close()
 
@@ -125,7 +126,8 @@ def match_faults(faults: list[Fault], alerts: list[SeenAlert]) -> list[dict[str,
         for seen in alerts:
             a = seen.alert
             subject = a.subject.node if fault.kind == "node_loss" else a.subject.job
-            if a.status == "open" and a.kind == kind and subject == fault.target:
+            arrived_after = fault.injected_at is not None and seen.arrived_at >= fault.injected_at
+            if a.status == "open" and a.kind == kind and subject == fault.target and arrived_after:
                 hit = seen
                 break
         injected = fault.injected_at
@@ -160,6 +162,11 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
     run_id = uuid.uuid4().hex[:8]
     settings = _demo_settings(settings, run_id)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    running = StackInfo.read(settings.stack_file)
+    if running is not None:
+        console.print(f"[red]error:[/red] another vigil demo runs from {settings.state_dir} (pid {running.pid}); "
+                      "wait for it, or give this one its own VIGIL_STATE_DIR")
+        return 1
     _fresh_history(settings)
     console.rule("[bold]vigil demo[/bold]")
     stack = EmbeddedStack(settings, query_server=False)

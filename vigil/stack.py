@@ -175,6 +175,14 @@ class EmbeddedStack:
         tmp.replace(s.stack_file)
         self._owns_stack_file = True
 
+    def failure(self) -> str | None:
+        """Why the stack no longer works (its broker or sink died), or None."""
+        if self.broker is not None and not self.broker.alive:
+            return f"the tansu broker exited (see {self.settings.state_dir / 'tansu.log'})"
+        if self.sink is not None and not self.sink.alive:
+            return f"the history sink stopped: {self.sink.failure!r}"
+        return None
+
     def stop(self) -> None:
         if self._owns_stack_file:
             self.settings.stack_file.unlink(missing_ok=True)

@@ -23,7 +23,14 @@ from streams.kafka import ensure_topics
 from vigil.broker import TansuBroker, find_tansu
 from vigil.stack import wait_for_file
 
-pytestmark = pytest.mark.integration
+
+
+def pytest_collection_modifyitems(config, items):
+    # Everything under tests/integration talks to the real broker and ClickHouse.
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")

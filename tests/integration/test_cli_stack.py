@@ -9,15 +9,13 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 
 import pytest
 
 from confluent_kafka import Producer
 from schemas import Alert, Source, Subject, encode, from_seconds, message_key
 from vigil.stack import StackInfo, wait_for_file
-
-pytestmark = pytest.mark.integration
-
 
 def vigil(*args, env, timeout=60, **kw):
     return subprocess.run([sys.executable, "-m", "vigil.cli", *args], env=env, capture_output=True, text=True,
@@ -60,28 +58,40 @@ def test_up_serves_sql_and_tail_then_stops_everything(env, tmp_path):
         tail = subprocess.Popen([sys.executable, "-m", "vigil.cli", "tail", "alerts", "--json", "--from-beginning",
                                  "--severity", "1", "--max-alerts", "1"],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        producer = Producer({"bootstrap.servers": info.bootstrap})
-        now = from_seconds(time.time())
-        for sev, node in ((3, "noise"), (1, "n7")):
-            alert = Alert(event_time=now, incident_id=__import__("uuid").uuid4(), incident_version=1, status="open",
-                          severity=sev, kind="node_lost", subject=Subject(node=node), onset_time=now,
-                          detection_time=now, detector="test", detector_version="1", source=Source())
-            producer.produce(f"{info.topic_prefix}.alerts", key=message_key(alert), value=encode(alert))
-        producer.flush(10)
-        out, err = tail.communicate(timeout=60)
+        try:
+            producer = Producer({"bootstrap.servers": info.bootstrap})
+            now = from_seconds(time.time())
+            for sev, node in ((3, "noise"), (1, "n7")):
+                alert = Alert(event_time=now, incident_id=uuid.uuid4(), incident_version=1, status="open",
+                              severity=sev, kind="node_lost", subject=Subject(node=node), onset_time=now,
+                              detection_time=now, detector="test", detector_version="1", source=Source())
+                producer.produce(f"{info.topic_prefix}.alerts", key=message_key(alert), value=encode(alert))
+            producer.flush(10)
+            out, err = tail.communicate(timeout=60)
+        finally:
+            if tail.poll() is None:
+                tail.kill()
+                tail.wait()
         assert tail.returncode == 0, err
         assert json.loads(out.strip())["subject"]["node"] == "n7"
 
         # the sink stores both alerts; SQL sees them
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def stored() -> int:
             r = vigil("sql", "SELECT count() AS n FROM vigil.alerts", "--format", "json", env=env)
-            if json.loads(r.stdout.strip())["n"] == 2:
-                break
-        assert json.loads(r.stdout.strip())["n"] == 2
+            assert r.returncode == 0, r.stderr
+            return json.loads(r.stdout.strip())["n"]
+
+        deadline = time.monotonic() + 30
+        while stored() != 2 and time.monotonic() < deadline:
+            pass
+        assert stored() == 2
     finally:
         up.send_signal(signal.SIGTERM)
-        up.wait(timeout=30)
+        try:
+            up.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            up.kill()
+            up.wait()
     assert up.returncode == 0
     assert not stack_file.exists()
     for pid in broker_pids:

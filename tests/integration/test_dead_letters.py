@@ -45,7 +45,7 @@ def test_each_kind_of_bad_input_is_dead_lettered_and_processing_continues(config
         sent[label] = (raw, *produce_and_locate(producer, topic, b"bad", raw))
     # a batch with one bad item among good ones
     batch = [json.loads(encode(heartbeat("batch-node", i))) for i in range(3)]
-    batch.insert(1, {"event_type": "heartbeat", "seq": -1})
+    batch.insert(1, {**batch[0], "event_id": "00000000-0000-0000-0000-000000000001", "seq": -1})
     batch_raw = json.dumps(batch).encode()
     _, batch_p, batch_o = (None, *produce_and_locate(producer, topic, b"batch-node", batch_raw))
 

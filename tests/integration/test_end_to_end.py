@@ -17,9 +17,6 @@ from streams.kafka import reader
 from streams.sink import HistorySink
 from tests.integration.conftest import wait_for
 
-pytestmark = pytest.mark.integration
-
-
 def test_node_loss_and_hang_are_detected_end_to_end(config, worker, history):
     nodes = [f"n{i}" for i in range(6)]
     jobs = [JobSpec("train-a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.3),

@@ -47,3 +47,22 @@ def test_migrate_is_idempotent(history):
     history.migrate()
     tables = {r[0] for r in history.query(f"SHOW TABLES FROM {history.database}").rows}
     assert {"alerts", "heartbeats", "iterations", "dead_letters", "decisions", "actions"} <= tables
+
+
+def test_a_batch_clickhouse_refuses_whole_is_split_and_stored(config, history):
+    """ClickHouse refuses an insert touching more than 100 partitions (months);
+    the sink splits the batch rather than retrying it forever."""
+    from datetime import datetime, timezone
+
+    events = [Heartbeat(event_time=datetime(1990 + i // 12, 1 + i % 12, 15, tzinfo=timezone.utc),
+                        source=Source(node="old"), seq=i, interval_s=1.0) for i in range(150)]
+    producer = Producer(config.kafka_conf())
+    producer.produce(config.topic("heartbeat"), key=b"old", value=encode_batch(events))
+    producer.flush(10)
+    sink = HistorySink(config, history, group_id=f"{config.group_id}-split").start()
+    try:
+        assert wait_for(lambda: sink.stats.messages >= 1, 30)
+    finally:
+        sink.stop()
+    assert sink.alive is False and sink.failure is None
+    assert history.query(f"SELECT count(), uniqExact(event_id) FROM {history.database}.heartbeats").rows == [(150, 150)]

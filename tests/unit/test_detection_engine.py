@@ -88,3 +88,50 @@ def test_forgotten_subjects_raise_nothing_here():
         engine.tick(t)
     engine.forget(nodes={"n0", "n1", "n2", "n3", "n4", "n5"}, jobs={"a", "b"})
     assert engine.tick(t + 100) == []
+
+
+def _iteration(job, step, end, duration=0.2):
+    from schemas import Source, from_seconds
+    return IterationTiming(event_time=from_seconds(end), source=Source(job=job, rank=0), step=step,
+                           start=from_seconds(end - duration), end=from_seconds(end), duration_s=duration)
+
+
+def _beat(node, t, seq):
+    from schemas import Source, from_seconds
+    return Heartbeat(event_time=from_seconds(t), source=Source(node=node), seq=seq, interval_s=1.0)
+
+
+def test_restart_from_a_checkpoint_is_progress_not_a_hang():
+    engine = DetectionEngine()
+    t = 100.0
+    for step in range(100):
+        t += 0.2
+        engine.on_event(_iteration("j", step, t), t)
+        assert engine.tick(t) == []
+    for step in range(90, 120):  # resumed from the checkpoint of step 90
+        t += 0.2
+        engine.on_event(_iteration("j", step, t), t)
+        assert engine.tick(t) == []
+
+
+def test_late_or_redelivered_events_do_not_count_as_progress_or_life():
+    engine = DetectionEngine()
+    for seq in range(10):
+        engine.on_event(_beat("n", 100.0 + seq, seq), 100.0 + seq)
+    [opened] = engine.tick(113.0)
+    assert opened.kind == "node_lost"
+    # a redelivered old heartbeat neither resolves the incident nor reopens it
+    assert engine.on_event(_beat("n", 105.0, 5), 113.5) == []
+    assert engine.tick(114.0) == []
+    [resolved] = engine.on_event(_beat("n", 114.5, 0), 114.5)
+    assert resolved.status == "resolved" and resolved.incident_id == opened.incident_id
+
+
+def test_an_old_log_does_not_report_long_gone_nodes():
+    """A new consumer group reading from the start of the log at time `now`."""
+    engine = DetectionEngine()
+    now = 1_000_000.0
+    for seq in range(10):
+        engine.on_event(_beat("decommissioned", now - 86_400 + seq, seq), now)
+        engine.on_event(_iteration("finished-job", seq, now - 86_400 + seq), now)
+    assert engine.tick(now) == []

@@ -65,7 +65,7 @@ def test_missing_field_names_the_field():
 def test_batch_keeps_good_items_and_reports_bad_ones_with_their_index():
     good = [hb(i) for i in range(3)]
     items = [json.loads(encode(e)) for e in good]
-    items.insert(1, {"event_type": "heartbeat", "seq": "not a number"})
+    items.insert(1, {**items[0], "seq": "not a number"})
     d = decode(json.dumps(items).encode())
     assert [e.seq for e in d.events] == [0, 1, 2]
     assert len(d.errors) == 1 and d.errors[0].index == 1
