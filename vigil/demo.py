@@ -254,7 +254,7 @@ def _play(settings: Settings, stack: EmbeddedStack, console: Console, seed: int)
             break
         stack.sink.wait_until(lambda s, n=stack.sink.stats.batches: s.batches > n, 1.0)
     history_sql = (
-        f"SELECT formatDateTime(detection_time, '%H:%i:%S.%f') AS detected, severity, kind, "
+        f"SELECT left(formatDateTime(detection_time, '%H:%i:%S.%f'), 12) AS detected, severity, kind, "
         f"coalesce(subject_node, subject_job) AS subject, status, "
         f"round(dateDiff('millisecond', onset_time, detection_time) / 1000, 2) AS onset_to_detect_s "
         f"FROM {table} WHERE detection_time >= '{since}' "
