@@ -254,12 +254,14 @@ def bench_detectors(
     with console.status("generating traces...") as status:
         result = run(str(json_path), n_traces=traces, seed=seed,
                      progress=lambda what: status.update(f"scoring {what}..."))
-    table = Table("detector", "accuracy", "FPR", "FNR", "FNR >=10%", "delay p50", "delay p95", "onset err p50", "updates/s")
+    table = Table("detector", "acc", "FPR", "FNR", "FNR≥10%", "delay p50", "p95", "onset err", "updates/s")
+    for column in table.columns:
+        column.no_wrap = True
     fmt = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
     for name, r in result["detectors"].items():
         table.add_row(name, fmt(r.get("accuracy")), fmt(r.get("fpr")), fmt(r.get("fnr")), fmt(r.get("fnr_ge10")),
-                      fmt(r.get("delay_median"), 1), fmt(r.get("delay_p95"), 1), fmt(r.get("onset_error_median"), 1),
-                      f"{r.get('updates_per_s', 0):,.0f}")
+                      fmt(r.get("delay_median"), 0), fmt(r.get("delay_p95"), 0), fmt(r.get("onset_error_median"), 0),
+                      f"{r.get('updates_per_s', 0) / 1000:,.0f}k")
     console.print(table)
     console.print(f"localizer accuracy {fmt((result.get('localizer') or {}).get('accuracy'))}, "
                   f"ACF median relative error {fmt((result.get('acf') or {}).get('rel_error_median'), 4)}")
