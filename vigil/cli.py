@@ -254,9 +254,10 @@ def bench_detectors(
     with console.status("generating traces...") as status:
         result = run(str(json_path), n_traces=traces, seed=seed,
                      progress=lambda what: status.update(f"scoring {what}..."))
-    table = Table("detector", "acc", "FPR", "FNR", "FNR≥10%", "delay p50", "p95", "onset err", "updates/s")
-    for column in table.columns:
-        column.no_wrap = True
+    from rich import box
+
+    table = Table("detector", "acc", "FPR", "FNR", "FNR≥10%", "delay p50", "p95", "onset err", "updates/s",
+                  box=box.SIMPLE_HEAD)
     fmt = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
     for name, r in result["detectors"].items():
         table.add_row(name, fmt(r.get("accuracy")), fmt(r.get("fpr")), fmt(r.get("fnr")), fmt(r.get("fnr_ge10")),
