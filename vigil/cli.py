@@ -256,7 +256,7 @@ def bench_detectors(
                      progress=lambda what: status.update(f"scoring {what}..."))
     from rich import box
 
-    table = Table("detector", "acc", "FPR", "FNR", "FNR≥10%", "delay p50", "p95", "onset err", "updates/s",
+    table = Table("detector", "acc", "fpr", "fnr", "fnr≥10", "delay50", "delay95", "onset", "upd/s",
                   box=box.SIMPLE_HEAD)
     fmt = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
     for name, r in result["detectors"].items():
