@@ -258,6 +258,7 @@ def bench_detectors(
 
     table = Table("detector", "acc", "fpr", "fnr", "fnr≥10", "delay50", "delay95", "onset", "upd/s",
                   box=box.SIMPLE_HEAD)
+    table.columns[0].min_width = 14
     fmt = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
     for name, r in result["detectors"].items():
         table.add_row(name, fmt(r.get("accuracy")), fmt(r.get("fpr")), fmt(r.get("fnr")), fmt(r.get("fnr_ge10")),
