@@ -257,7 +257,7 @@ def bench_detectors(
     from rich import box
 
     table = Table("detector", "acc", "fpr", "fnr", "fnr≥10", "delay50", "delay95", "onset", "upd/s",
-                  box=box.SIMPLE_HEAD)
+                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
     table.columns[0].min_width = 14
     fmt = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
     for name, r in result["detectors"].items():
