@@ -129,6 +129,13 @@ def _check_time(value: float, what: str) -> float:
     return float(value)
 
 
+def _check_positive_ints(**values: int) -> None:
+    """Raise DetectorError unless every value is an int >= 1 (a bool is not a count)."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise DetectorError(f"{name} must be a positive int, got {value!r}")
+
+
 def _check_positive(value: float, what: str) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
         raise DetectorError(f"{what} must be a positive finite number, got {value!r}")

@@ -53,7 +53,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = ["GpuDegradation", "THROTTLE_REASONS", "DEFAULT_THROTTLE_MASK", "decode_throttle_reasons"]
 
@@ -163,9 +163,7 @@ class GpuDegradation(Detector):
         nvlink_threshold: int = 10,
         node: str = "",
     ):
-        for nm, v in (("min_samples", min_samples), ("min_peers", min_peers), ("sbe_threshold", sbe_threshold), ("nvlink_threshold", nvlink_threshold)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise DetectorError(f"{nm} must be a positive int, got {v!r}")
+        _check_positive_ints(min_samples=min_samples, min_peers=min_peers, sbe_threshold=sbe_threshold, nvlink_threshold=nvlink_threshold)
         self.min_samples = min_samples
         self.min_peers = min_peers
         self.sbe_threshold = sbe_threshold

@@ -11,7 +11,7 @@ from typing import Any
 
 from river import stats, utils
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 
 @register
@@ -74,14 +74,11 @@ class HangDetector(Detector):
                  window: int = 50, min_timeout_s: float = 0.0) -> None:
         if not k > 1:
             raise DetectorError(f"k must be > 1, got {k!r}")
-        if not isinstance(warmup, int) or warmup < 1:
-            raise DetectorError(f"warmup must be an int >= 1, got {warmup!r}")
+        _check_positive_ints(warmup=warmup, window=window)
         if mode not in ("mean", "max"):
             raise DetectorError(f"mode must be 'mean' or 'max', got {mode!r}")
         if not safety_factor > 1:
             raise DetectorError(f"safety_factor must be > 1, got {safety_factor!r}")
-        if not isinstance(window, int) or window < 1:
-            raise DetectorError(f"window must be an int >= 1, got {window!r}")
         if not min_timeout_s >= 0:
             raise DetectorError(f"min_timeout_s must be >= 0, got {min_timeout_s!r}")
         self.k = float(k)

@@ -67,7 +67,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = ["NicCongestion", "counter_delta", "DEFAULT_WIDTHS", "CONGESTION_SIGNALS", "FLAP_COUNTERS", "ERROR_COUNTERS"]
 
@@ -207,9 +207,7 @@ class NicCongestion(Detector):
         widths: Mapping[str, int] | None = None,
         node: str = "",
     ):
-        for nm, v in (("baseline_window", baseline_window), ("warmup", warmup), ("min_intervals", min_intervals), ("flap_escalate", flap_escalate)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise DetectorError(f"{nm} must be a positive int, got {v!r}")
+        _check_positive_ints(baseline_window=baseline_window, warmup=warmup, min_intervals=min_intervals, flap_escalate=flap_escalate)
         self.baseline_window = baseline_window
         self.warmup = warmup
         self.min_intervals = min_intervals

@@ -39,7 +39,7 @@ from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = ["acf", "acf_period", "iteration_time_from_period", "IterationPeriod"]
 
@@ -198,9 +198,7 @@ class IterationPeriod(Detector):
         refine: bool = True,
         lost_after: int = 16384,
     ):
-        for nm, v in (("max_calls", max_calls), ("min_calls", min_calls), ("recompute_every", recompute_every), ("lost_after", lost_after)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise DetectorError(f"{nm} must be a positive int, got {v!r}")
+        _check_positive_ints(max_calls=max_calls, min_calls=min_calls, recompute_every=recompute_every, lost_after=lost_after)
         if min_calls < 4 or min_calls > max_calls:
             raise DetectorError(f"min_calls must be in [4, max_calls={max_calls}], got {min_calls}")
         self.max_calls = max_calls

@@ -72,7 +72,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = ["Suspect", "Localization", "localize", "localize_window", "falcon_rule", "falcon_localize", "StragglerLocalizer"]
 
@@ -420,9 +420,7 @@ class StragglerLocalizer(Detector):
         z: float = 5.0,
         dominance: float = 1.5,
     ):
-        for nm, v in (("window", window), ("min_iterations", min_iterations), ("confirm", confirm)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise DetectorError(f"{nm} must be a positive int, got {v!r}")
+        _check_positive_ints(window=window, min_iterations=min_iterations, confirm=confirm)
         if min_iterations > window:
             raise DetectorError(f"min_iterations ({min_iterations}) must not exceed window ({window})")
         self.window = window

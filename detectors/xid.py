@@ -52,7 +52,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = [
     "ACTIONS",
@@ -354,8 +354,7 @@ class XidDetector(Detector):
         if not isinstance(node, str):
             raise DetectorError(f"node must be a str, got {node!r}")
         self.node = node
-        if isinstance(history, bool) or not isinstance(history, int) or history < 1:
-            raise DetectorError(f"history must be a positive int, got {history!r}")
+        _check_positive_ints(history=history)
         self.history = history
         self._reset()
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detectors import HangDetector, HeartbeatLoss
+from typing import Callable
+
+from detectors import Detector, Finding, HangDetector, HeartbeatLoss
 from schemas import Alert, Envelope, Heartbeat, IterationTiming, Subject, to_seconds
 from streams.incidents import IncidentBook
 
@@ -100,26 +102,25 @@ class DetectionEngine:
 
     def tick(self, now: float) -> list[Alert]:
         """Advance every timer to ``now``; return newly opened incidents."""
+        alerts = self._tick_all(
+            self.heartbeat, now, lambda node: Subject(node=node),
+            lambda node, f: f"node {node} lost: no heartbeat for {f.evidence['silence_s']:.1f} s")
+        alerts += self._tick_all(
+            self.hang, now, lambda job: Subject(job=job),
+            lambda job, f: (f"job {job} hung: no iteration for {f.evidence['silence_s']:.1f} s "
+                            f"(timeout {f.evidence['timeout_s']:.2f} s)"))
+        return alerts
+
+    def _tick_all(self, detectors: dict[str, Detector], now: float, subject_of: Callable[[str], Subject],
+                  summary_of: Callable[[str, Finding], str]) -> list[Alert]:
         alerts: list[Alert] = []
-        for node, det in self.heartbeat.items():
+        for key, det in detectors.items():
             det.tick(now)
             finding = det.finding
-            if finding is not None and not self.incidents.is_open("node_lost", Subject(node=node)):
-                alert = self.incidents.raise_finding(
-                    finding, Subject(node=node), det.name, det.version,
-                    f"node {node} lost: no heartbeat for {finding.evidence['silence_s']:.1f} s",
-                )
-                if alert:
-                    alerts.append(alert)
-        for job, det in self.hang.items():
-            det.tick(now)
-            finding = det.finding
-            if finding is not None and not self.incidents.is_open("task_hang", Subject(job=job)):
-                alert = self.incidents.raise_finding(
-                    finding, Subject(job=job), det.name, det.version,
-                    f"job {job} hung: no iteration for {finding.evidence['silence_s']:.1f} s "
-                    f"(timeout {finding.evidence['timeout_s']:.2f} s)",
-                )
-                if alert:
-                    alerts.append(alert)
+            if finding is None or self.incidents.is_open(finding.kind, subject_of(key)):
+                continue
+            alert = self.incidents.raise_finding(finding, subject_of(key), det.name, det.version,
+                                                 summary_of(key, finding))
+            if alert:
+                alerts.append(alert)
         return alerts
