@@ -4,7 +4,7 @@ from schemas.codec import Decoded, decode, encode, encode_batch
 from schemas.envelope import Envelope, Source, from_seconds, to_seconds, utcnow
 from schemas.errors import DecodeError, SchemaError
 from schemas.events import (
-    EVENT_TYPES, ActionResult, Alert, CollectiveCall, CollectiveOp, DeadLetter, Decision,
+    EVENT_TYPES, ActionResult, Alert, CollectiveCall, CollectiveOp, DeadLetter, Decision, DetectorFinding,
     ExceptionCategory, GpuTelemetry, Heartbeat, IterationTiming, JobState, NicCounters, NodeState,
     ProcessExit, Subject, TrainingException, XidError,
 )
@@ -13,7 +13,7 @@ from schemas.topics import TOPICS, all_topic_names, message_key, topic_name
 __all__ = [
     "Decoded", "decode", "encode", "encode_batch", "Envelope", "Source", "from_seconds", "to_seconds",
     "utcnow", "DecodeError", "SchemaError", "EVENT_TYPES", "ActionResult", "Alert", "CollectiveCall",
-    "CollectiveOp", "DeadLetter", "Decision", "ExceptionCategory", "GpuTelemetry", "Heartbeat",
+    "CollectiveOp", "DeadLetter", "Decision", "DetectorFinding", "ExceptionCategory", "GpuTelemetry", "Heartbeat",
     "IterationTiming", "JobState", "NicCounters", "NodeState", "ProcessExit", "Subject",
     "TrainingException", "XidError", "TOPICS", "all_topic_names", "message_key", "topic_name",
 ]

@@ -211,6 +211,25 @@ class Alert(Envelope):
     detector_version: str = Field(min_length=1, description="Version of that detector.")
 
 
+class DetectorFinding(Envelope):
+    """What one detector found (or saw clear), before correlation into incidents.
+
+    Detection workers publish findings; the correlator joins findings across
+    signals and subjects into one incident per root cause.
+    """
+
+    event_type: Literal["finding"] = Field("finding", description="Event type tag.")
+    status: Literal["raised", "cleared"] = Field(description="The condition began, or ended.")
+    kind: str = Field(min_length=1, description="What was found, e.g. node_lost, fail_slow, xid, congestion.")
+    severity: int = Field(ge=1, le=3, description="Severity the detector assigns on its own.")
+    subject: Subject = Field(description="What the finding is about.")
+    onset_time: AwareDatetime = Field(description="When the condition began.")
+    detector: str = Field(min_length=1, description="Detector name.")
+    detector_version: str = Field(min_length=1, description="Detector version.")
+    job_nodes: list[str] = Field(default_factory=list, description="Nodes the subject job runs on, when known.")
+    evidence: dict[str, Any] = Field(default_factory=dict, description="The detector's evidence.")
+
+
 class Decision(Envelope):
     """What vigil decided to do about one or more incidents."""
 
@@ -252,7 +271,7 @@ class DeadLetter(Envelope):
 
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     IterationTiming, CollectiveCall, XidError, NicCounters, GpuTelemetry, Heartbeat,
-    ProcessExit, TrainingException, JobState, NodeState, Alert, Decision, ActionResult, DeadLetter,
+    ProcessExit, TrainingException, JobState, NodeState, DetectorFinding, Alert, Decision, ActionResult, DeadLetter,
 )
 
 #: event_type -> model

@@ -53,6 +53,7 @@ TABLE_SPECS: dict[str, TableSpec] = {
         TableSpec("training_exception", "training_exceptions", ("job", "event_time", "event_id")),
         TableSpec("job_state", "job_states", ("job", "event_time", "event_id")),
         TableSpec("node_state", "node_states", ("node", "event_time", "event_id")),
+        TableSpec("finding", "findings", ("kind", "onset_time", "event_id"), "onset_time"),
         # onset_time, not detection_time: a restarted worker re-emits an alert with
         # the same id and onset but a later detection time.
         TableSpec("alert", "alerts", ("kind", "incident_id", "incident_version", "event_id"), "onset_time"),

@@ -39,6 +39,8 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("telemetry.exceptions", "training_exception", "job", 4, "Training exceptions."),
         TopicSpec("state.jobs", "job_state", "job", 4, "Job specs and lifecycle."),
         TopicSpec("state.nodes", "node_state", "node", 4, "Node availability."),
+        # One partition: one correlator sees every finding (findings are rare).
+        TopicSpec("findings", "finding", "cluster", 1, "Detector findings, before correlation."),
         TopicSpec("alerts", "alert", "incident", 4, "Incidents: open, update, resolved."),
         TopicSpec("decisions", "decision", "job", 4, "Decisions of the decision engine."),
         TopicSpec("actions", "action_result", "decision", 4, "Actuator results."),
@@ -65,6 +67,8 @@ def message_key(event: Envelope) -> bytes:
             value = getattr(getattr(event, "target", None), "job", None)
     elif key_attr == "incident":
         value = event.incident_id  # type: ignore[attr-defined]
+    elif key_attr == "cluster":
+        value = event.source.cluster
     elif key_attr == "decision":
         value = event.decision_id  # type: ignore[attr-defined]
     else:
