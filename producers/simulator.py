@@ -18,7 +18,10 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from schemas import Envelope, Heartbeat, IterationTiming, Source, from_seconds
+from schemas import (
+    Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationTiming, NicCounters, ProcessExit, Source,
+    TrainingException, XidError, from_seconds,
+)
 
 GPUS_PER_NODE = 8
 
@@ -59,25 +62,68 @@ class JobSpec:
         return dp, pp, tp
 
 
-FaultKind = Literal["node_loss", "hang"]
+FaultKind = Literal["node_loss", "hang", "xid", "process_exit", "exception", "gpu_slow", "congestion"]
 
-#: What each injected fault should make vigil say: (alert kind, severity).
-EXPECTED_ALERT: dict[str, tuple[str, int]] = {"node_loss": ("node_lost", 1), "hang": ("task_hang", 2)}
+#: What each injected fault should make vigil say: (alert kinds accepted, severity).
+#: A slow GPU is reported by whichever GPU signal shows first (throttling, a clock
+#: below its peers); both are the GPU's degradation.
+EXPECTED_ALERT: dict[str, tuple[tuple[str, ...], int]] = {
+    "node_loss": (("node_lost",), 1),
+    "hang": (("task_hang",), 2),
+    "process_exit": (("process_exit",), 2),
+    "gpu_slow": (("throttle", "clock_below_peers"), 3),
+    "congestion": (("congestion",), 3),
+}
+EXCEPTION_ALERT: dict[str, tuple[str, int]] = {
+    "cuda_error": ("cuda_error", 2), "illegal_memory_access": ("illegal_memory_access", 2),
+    "nccl_timeout": ("nccl_timeout", 3), "connection_reset": ("connection_reset", 3),
+    "out_of_memory": ("software_error", 2), "other": ("software_error", 2),
+}
+XID_SEVERITY = {13: 2, 31: 2, 43: 3, 48: 1, 63: 3, 74: 1, 79: 1, 94: 2, 95: 1}
 
 
 @dataclass
 class Fault:
-    """A scripted fault. ``at`` is seconds after the simulation's start."""
+    """A scripted fault. ``at`` is seconds after the simulation's start.
+
+    ``target`` is a node (node_loss, xid, congestion, gpu_slow) or a job (hang,
+    process_exit, exception). ``rank`` picks the failing rank of a job, ``gpu``
+    the GPU of a node, ``code`` the XID number, ``category`` the exception
+    class, ``slowdown`` the relative slowdown of a slow GPU or link.
+    ``peers_time_out`` (node_loss) makes the other ranks of the node's jobs
+    raise NCCL timeouts ``peers_time_out`` seconds later.
+    """
 
     kind: FaultKind
-    target: str  # node name for node_loss, job name for hang
+    target: str
     at: float
-    recover_at: float | None = None  # hang only: the job makes progress again
+    recover_at: float | None = None
+    rank: int = 0
+    gpu: int = 0
+    code: int = 79
+    category: str = "cuda_error"
+    slowdown: float = 0.5
+    peers_time_out: float | None = None
     injected_at: float | None = None  # absolute time it took effect (set by the simulator)
 
     @property
-    def expected_alert(self) -> tuple[str, int]:
+    def expected_alert(self) -> tuple[tuple[str, ...], int]:
+        if self.kind == "xid":
+            return ("xid",), XID_SEVERITY.get(self.code, 2)
+        if self.kind == "exception":
+            kind, severity = EXCEPTION_ALERT[self.category]
+            return (kind,), severity
         return EXPECTED_ALERT[self.kind]
+
+    @property
+    def expected_subject(self) -> dict[str, object]:
+        """The alert's subject fields that name this fault's root cause."""
+        if self.kind in ("node_loss", "xid", "gpu_slow", "congestion"):
+            subject: dict[str, object] = {"node": self.target}
+            if self.kind == "gpu_slow":
+                subject["gpu"] = self.gpu
+            return subject
+        return {"job": self.target}
 
 
 @dataclass(order=True)
@@ -89,7 +135,7 @@ class _Due:
 
 
 class ClusterSimulator:
-    """Heartbeats from every node and iterations from every job, with faults.
+    """Heartbeats, telemetry and iterations from a cluster, with scripted faults.
 
     Parameters
     ----------
@@ -103,29 +149,40 @@ class ClusterSimulator:
         Absolute time (seconds since the epoch) of simulated time zero.
     heartbeat_interval_s:
         Agent heartbeat interval.
+    telemetry_interval_s:
+        Interval of GPU telemetry and NIC counters per node; ``None`` sends none.
     seed:
         Seed of the jitter; the same seed and the same ``advance`` times give
         the same events.
-    batch_ranks:
-        Emit a job's per-rank iteration records of one step together (the
-        caller publishes them as one message).
+
+    The iteration model is synchronous: each rank computes for its own time
+    (a slow GPU computes longer), then the step's collectives finish when the
+    slowest rank arrives plus the transfer time (a congested link makes the
+    transfer longer for everyone). A rank's communication time is the rest of
+    the step: the fast ranks wait, the slow one barely does.
     """
 
     def __init__(self, nodes: list[str], jobs: list[JobSpec], faults: list[Fault], start: float,
-                 heartbeat_interval_s: float = 1.0, seed: int = 0, cluster: str = "sim") -> None:
+                 heartbeat_interval_s: float = 1.0, seed: int = 0, cluster: str = "sim",
+                 telemetry_interval_s: float | None = None) -> None:
         unknown = {n for j in jobs for n in j.nodes} - set(nodes)
         if unknown:
             raise ValueError(f"jobs run on unknown nodes: {sorted(unknown)}")
+        job_names = {j.name for j in jobs}
         for f in faults:
-            if f.kind == "node_loss" and f.target not in nodes:
-                raise ValueError(f"node_loss fault targets unknown node {f.target!r}")
-            if f.kind == "hang" and f.target not in {j.name for j in jobs}:
-                raise ValueError(f"hang fault targets unknown job {f.target!r}")
+            on_node = f.kind in ("node_loss", "xid", "gpu_slow", "congestion")
+            if on_node and f.target not in nodes:
+                raise ValueError(f"{f.kind} fault targets unknown node {f.target!r}")
+            if not on_node and f.target not in job_names:
+                raise ValueError(f"{f.kind} fault targets unknown job {f.target!r}")
+            if f.kind in ("gpu_slow", "congestion") and telemetry_interval_s is None:
+                raise ValueError(f"a {f.kind} fault needs telemetry_interval_s to show in the telemetry")
         self.nodes = list(nodes)
         self.jobs = {j.name: j for j in jobs}
         self.faults = sorted(faults, key=lambda f: f.at)
         self.start = start
         self.heartbeat_interval_s = heartbeat_interval_s
+        self.telemetry_interval_s = telemetry_interval_s
         self.cluster = cluster
         self._rng = random.Random(seed)
         self._queue: list[_Due] = []
@@ -133,18 +190,30 @@ class ClusterSimulator:
         self._now = start
         self._lost_nodes: set[str] = set()
         self._hung_jobs: set[str] = set()
+        self._slow_gpus: dict[tuple[str, int], float] = {}
+        self._congested: dict[str, float] = {}
         self._hb_seq = {n: 0 for n in nodes}
         self._step = {j: 0 for j in self.jobs}
         self._iter_start = {j: start for j in self.jobs}
+        self._plan: dict[str, tuple[float, list[float]]] = {}
+        self._nic_totals = {n: {"np_cnp_sent": 0.0, "rp_cnp_handled": 0.0, "np_ecn_marked_roce_packets": 0.0,
+                                "port_xmit_wait": 0.0, "link_downed": 0.0, "symbol_error": 0.0} for n in nodes}
+        self._last_telemetry: dict[str, float] = {}
         for i, node in enumerate(nodes):
             # Spread the agents' phases as real agents started at different times are.
-            self._push(start + (i / max(1, len(nodes))) * heartbeat_interval_s, "heartbeat", node)
+            phase = (i / max(1, len(nodes)))
+            self._push(start + phase * heartbeat_interval_s, "heartbeat", node)
+            if telemetry_interval_s is not None:
+                self._last_telemetry[node] = start
+                self._push(start + phase * telemetry_interval_s + 1e-3, "telemetry", node)
         for job in self.jobs.values():
-            self._push(start + self._iteration_time(job), "iteration", job.name)
+            self._schedule_iteration(job, start)
         for idx, f in enumerate(self.faults):
             self._push(start + f.at, "fault", str(idx))
             if f.recover_at is not None:
                 self._push(start + f.recover_at, "recover", str(idx))
+            if f.kind == "node_loss" and f.peers_time_out is not None:
+                self._push(start + f.at + f.peers_time_out, "peer_timeouts", str(idx))
 
     @property
     def now(self) -> float:
@@ -154,9 +223,20 @@ class ClusterSimulator:
         self._seq += 1
         heapq.heappush(self._queue, _Due(at, self._seq, what, target))
 
-    def _iteration_time(self, job: JobSpec) -> float:
-        # Log-normal jitter: iteration times are right-skewed in practice.
-        return job.iteration_s * math.exp(self._rng.gauss(0.0, job.jitter))
+    def _schedule_iteration(self, job: JobSpec, begin: float) -> None:
+        """Plan the next step of ``job`` from ``begin``: per-rank compute and its end."""
+        base = job.iteration_s * math.exp(self._rng.gauss(0.0, job.jitter))
+        computes = []
+        for rank in range(job.world_size):
+            node, gpu = job.placement(rank)
+            slow = 1.0 + self._slow_gpus.get((node, gpu), 0.0)
+            computes.append(base * job.compute_fraction * (1 + self._rng.uniform(-0.02, 0.02)) * slow)
+        congestion = max((self._congested.get(n, 0.0) for n in job.nodes), default=0.0)
+        transfer = base * (1 - job.compute_fraction) * (1.0 + congestion)
+        duration = max(computes) + transfer
+        self._iter_start[job.name] = begin
+        self._plan[job.name] = (duration, computes)
+        self._push(begin + duration, "iteration", job.name)
 
     def _job_blocked(self, job: JobSpec) -> bool:
         return job.name in self._hung_jobs or any(n in self._lost_nodes for n in job.nodes)
@@ -164,8 +244,8 @@ class ClusterSimulator:
     def advance(self, until: float) -> list[list[Envelope]]:
         """Simulate up to ``until``; return the due events as publishable groups.
 
-        Each group is one message's worth: a heartbeat alone, or every rank's
-        record of one job step together.
+        Each group is one message's worth: a heartbeat alone, every rank's
+        record of one job step, or one node's telemetry of one interval.
         """
         out: list[list[Envelope]] = []
         while self._queue and self._queue[0].at <= until:
@@ -176,30 +256,85 @@ class ClusterSimulator:
                     continue
                 out.append([self._heartbeat(due.target, due.at)])
                 self._push(due.at + self.heartbeat_interval_s, "heartbeat", due.target)
+            elif due.what == "telemetry":
+                if due.target in self._lost_nodes:
+                    continue
+                out.extend(self._telemetry(due.target, due.at))
+                self._push(due.at + self.telemetry_interval_s, "telemetry", due.target)  # type: ignore[operator]
             elif due.what == "iteration":
                 job = self.jobs[due.target]
                 if self._job_blocked(job):
                     continue  # a blocked job is re-armed when it recovers
                 out.append(self._iteration(job, due.at))
-                self._push(due.at + self._iteration_time(job), "iteration", job.name)
+                self._schedule_iteration(job, due.at)
             elif due.what == "fault":
-                self._inject(self.faults[int(due.target)], due.at)
+                out.extend(self._inject(self.faults[int(due.target)], due.at))
             elif due.what == "recover":
-                fault = self.faults[int(due.target)]
-                self._hung_jobs.discard(fault.target)
-                job = self.jobs[fault.target]
-                if not self._job_blocked(job):
-                    self._iter_start[job.name] = due.at
-                    self._push(due.at + self._iteration_time(job), "iteration", job.name)
+                self._recover(self.faults[int(due.target)], due.at)
+            elif due.what == "peer_timeouts":
+                out.extend(self._peer_timeouts(self.faults[int(due.target)], due.at))
         self._now = max(self._now, until)
         return out
 
-    def _inject(self, fault: Fault, at: float) -> None:
+    def _inject(self, fault: Fault, at: float) -> list[list[Envelope]]:
         fault.injected_at = at
+        src = Source(cluster=self.cluster)
         if fault.kind == "node_loss":
             self._lost_nodes.add(fault.target)
-        else:
+        elif fault.kind == "hang":
             self._hung_jobs.add(fault.target)
+        elif fault.kind == "gpu_slow":
+            self._slow_gpus[(fault.target, fault.gpu)] = fault.slowdown
+        elif fault.kind == "congestion":
+            self._congested[fault.target] = fault.slowdown
+        elif fault.kind == "xid":
+            bus = f"0000:{0x18 + 0x10 * fault.gpu:02x}:00"
+            line = f"NVRM: Xid (PCI:{bus}): {fault.code}, pid=4242, name=python, injected by the simulator"
+            return [[XidError(event_time=from_seconds(at), source=src.model_copy(update={"node": fault.target,
+                              "gpu": fault.gpu}), code=fault.code, pci_bus_id=bus, pid=4242,
+                              process_name="python", message="injected by the simulator", raw_line=line)]]
+        elif fault.kind in ("process_exit", "exception"):
+            job = self.jobs[fault.target]
+            node, gpu = job.placement(fault.rank)
+            self._hung_jobs.add(job.name)  # the job cannot step without the rank
+            where = src.model_copy(update={"node": node, "job": job.name, "rank": fault.rank, "gpu": gpu})
+            if fault.kind == "process_exit":
+                return [[ProcessExit(event_time=from_seconds(at), source=where, pid=10_000 + fault.rank,
+                                     signal=9, local_rank=gpu)]]
+            return [[TrainingException(event_time=from_seconds(at), source=where,
+                                       category=ExceptionCategory(fault.category), exc_type="RuntimeError",
+                                       message=f"injected {fault.category}")]]
+        return []
+
+    def _recover(self, fault: Fault, at: float) -> None:
+        if fault.kind in ("hang", "process_exit", "exception"):
+            self._hung_jobs.discard(fault.target)
+            job = self.jobs[fault.target]
+            if not self._job_blocked(job):
+                self._schedule_iteration(job, at)
+        elif fault.kind == "gpu_slow":
+            self._slow_gpus.pop((fault.target, fault.gpu), None)
+        elif fault.kind == "congestion":
+            self._congested.pop(fault.target, None)
+
+    def _peer_timeouts(self, fault: Fault, at: float) -> list[list[Envelope]]:
+        """The ranks that waited on the lost node give up with NCCL timeouts."""
+        groups = []
+        for job in self.jobs.values():
+            if fault.target not in job.nodes:
+                continue
+            group = []
+            for rank in range(job.world_size):
+                node, gpu = job.placement(rank)
+                if node == fault.target:
+                    continue
+                group.append(TrainingException(
+                    event_time=from_seconds(at), source=Source(cluster=self.cluster, node=node, job=job.name,
+                                                               rank=rank, gpu=gpu),
+                    category=ExceptionCategory.nccl_timeout, exc_type="DistBackendError",
+                    message="Watchdog caught collective operation timeout"))
+            groups.append(group)
+        return groups
 
     def _heartbeat(self, node: str, at: float) -> Heartbeat:
         seq = self._hb_seq[node]
@@ -207,21 +342,43 @@ class ClusterSimulator:
         return Heartbeat(event_time=from_seconds(at), source=Source(cluster=self.cluster, node=node),
                          seq=seq, interval_s=self.heartbeat_interval_s)
 
+    def _telemetry(self, node: str, at: float) -> list[list[Envelope]]:
+        dt = at - self._last_telemetry[node]
+        self._last_telemetry[node] = at
+        when = from_seconds(at)
+        gpus = []
+        for gpu in range(GPUS_PER_NODE):
+            slow = self._slow_gpus.get((node, gpu), 0.0)
+            clock = 1980.0 * (1 + self._rng.uniform(-0.005, 0.005)) / (1 + slow)
+            gpus.append(GpuTelemetry(
+                event_time=when, source=Source(cluster=self.cluster, node=node, gpu=gpu),
+                utilization_pct=97.0, memory_used_bytes=60 << 30, memory_total_bytes=80 << 30,
+                temperature_c=round(62 + self._rng.uniform(-2, 2) + (25 if slow else 0), 1),
+                sm_clock_mhz=round(clock, 1), mem_clock_mhz=2619.0, power_w=round(650 + self._rng.uniform(-20, 20), 1),
+                throttle_reasons=0x20 if slow else 0,  # SW thermal slowdown
+                ecc_sbe=0, ecc_dbe=0, pcie_replays=0))
+        totals = self._nic_totals[node]
+        congested = node in self._congested
+        for name, normal, surge in (("np_cnp_sent", 40.0, 60_000.0), ("rp_cnp_handled", 40.0, 60_000.0),
+                                    ("np_ecn_marked_roce_packets", 60.0, 90_000.0),
+                                    ("port_xmit_wait", 1_000.0, 2_000_000.0)):
+            rate = (surge if congested else normal) * (1 + self._rng.uniform(-0.2, 0.2))
+            totals[name] += rate * dt
+        nic = NicCounters(event_time=when, source=Source(cluster=self.cluster, node=node), device="mlx5_0",
+                          port=1, counters={k: int(v) for k, v in totals.items()}, port_state="ACTIVE")
+        return [gpus, [nic]]
+
     def _iteration(self, job: JobSpec, end: float) -> list[Envelope]:
         begin = self._iter_start[job.name]
-        self._iter_start[job.name] = end
+        duration, computes = self._plan[job.name]
         step = self._step[job.name]
         self._step[job.name] = step + 1
-        duration = end - begin
         records: list[Envelope] = []
         start_dt, end_dt = from_seconds(begin), from_seconds(end)
         for rank in range(job.world_size):
             node, gpu = job.placement(rank)
             dp, pp, tp = job.coordinates(rank)
-            # Synchronous training: every rank ends together; a rank that computes
-            # a little longer waits a little less in the collectives.
-            compute = duration * job.compute_fraction * (1 + self._rng.uniform(-0.02, 0.02))
-            compute = min(compute, duration)
+            compute = min(computes[rank], duration)
             records.append(IterationTiming(
                 event_time=end_dt, source=Source(cluster=self.cluster, node=node, job=job.name, rank=rank, gpu=gpu),
                 step=step, start=start_dt, end=end_dt, duration_s=duration, compute_s=compute,
@@ -231,20 +388,26 @@ class ClusterSimulator:
 
 
 def demo_scenario(start: float, seed: int = 0) -> ClusterSimulator:
-    """The ``vigil demo`` cluster: 18 nodes, two jobs, three faults in ~30 s.
+    """The ``vigil demo`` cluster: 18 nodes x 8 GPUs, three jobs, four faults in ~36 s.
 
-    - node-05 is lost at 10 s (it runs part of llama-7b, which therefore stalls);
-    - node-17, a spare, is lost at 14 s;
-    - gpt-1b3 hangs at 18 s and recovers at 26 s.
+    - node-05 is lost at 12 s; llama-7b runs on it, stalls, and its other ranks
+      give up with NCCL timeouts 1.5 s later (the node is the root cause);
+    - node-12 reports XID 48 (double-bit ECC error) on GPU 3 at 16 s;
+    - bert-340m hangs at 20 s and recovers at 28 s;
+    - GPU 2 of node-10 slows down by 40 % at 22 s, so gpt-1b3 slows down (a
+      computation fail-slow, attributed to that GPU).
     """
     nodes = [f"node-{i:02d}" for i in range(18)]
     jobs = [
         JobSpec("llama-7b", tuple(nodes[0:8]), dp=4, pp=2, tp=8, iteration_s=0.5),
         JobSpec("gpt-1b3", tuple(nodes[8:16]), dp=8, pp=1, tp=8, iteration_s=0.3),
+        JobSpec("bert-340m", tuple(nodes[16:18]), dp=2, pp=1, tp=8, iteration_s=0.25),
     ]
     faults = [
-        Fault("node_loss", "node-05", at=10.0),
-        Fault("node_loss", "node-17", at=14.0),
-        Fault("hang", "gpt-1b3", at=18.0, recover_at=26.0),
+        Fault("node_loss", "node-05", at=12.0, peers_time_out=1.5),
+        Fault("xid", "node-12", at=16.0, code=48, gpu=3),
+        Fault("hang", "bert-340m", at=20.0, recover_at=28.0),
+        Fault("gpu_slow", "node-10", at=22.0, gpu=2, slowdown=0.4),
     ]
-    return ClusterSimulator(nodes, jobs, faults, start=start, heartbeat_interval_s=1.0, seed=seed, cluster="demo")
+    return ClusterSimulator(nodes, jobs, faults, start=start, heartbeat_interval_s=1.0, seed=seed, cluster="demo",
+                            telemetry_interval_s=1.0)

@@ -1,18 +1,56 @@
-"""The detection engine: events in, alerts out, no Kafka.
+"""The detection engine: telemetry in, findings out, no Kafka.
 
-The faust worker (``streams.worker``) feeds it decoded events and ticks it
-from a timer; tests and replays drive it directly on simulated time.
+Per job (timings are keyed by job): hang, BOCD + verification on the job's
+iteration-time series, straggler localization over each step's per-rank
+records, and the iteration period from collective calls for jobs that send
+no iteration events. Per node (node data is keyed by node): heartbeat loss,
+XID classes, NIC congestion and link flaps, GPU degradation, process exits
+and training exceptions.
+
+Each detector's current findings are diffed against what was last reported,
+so the engine emits a ``raised`` finding when a condition begins and a
+``cleared`` one when it ends. Events that are failures in themselves
+(a process exit, an exception) are raised once and never cleared; the
+correlator expires them. The faust worker (``streams.worker``) feeds the
+engine and ticks it; tests and replays drive it directly on simulated time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
 
-from typing import Callable
+import numpy as np
 
-from detectors import Detector, Finding, HangDetector, HeartbeatLoss
-from schemas import Alert, Envelope, Heartbeat, IterationTiming, Subject, to_seconds
-from streams.incidents import IncidentBook
+from detectors import REGISTRY, Detector, Finding, HangDetector, HeartbeatLoss
+from detectors.gpu import GpuDegradation
+from detectors.nic import NicCongestion
+from detectors.period import IterationPeriod
+from detectors.straggler import StragglerLocalizer
+from detectors.verification import BOCDVerify
+from detectors.xid import XidDetector
+from schemas import (
+    CollectiveCall, DetectorFinding, Envelope, GpuTelemetry, Heartbeat, IterationTiming, NicCounters,
+    ProcessExit, Source, Subject, TrainingException, XidError, from_seconds, to_seconds,
+)
+
+_FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
+
+#: Unicron's severity table for training exceptions: (finding kind, severity).
+EXCEPTION_KINDS: dict[str, tuple[str, int]] = {
+    "cuda_error": ("cuda_error", 2),
+    "illegal_memory_access": ("illegal_memory_access", 2),
+    "out_of_memory": ("software_error", 2),
+    "other": ("software_error", 2),
+    "nccl_timeout": ("nccl_timeout", 3),
+    "connection_reset": ("connection_reset", 3),
+    "connection_refused": ("connection_refused", 3),
+    "nccl_error": ("network_error", 3),
+}
+
+#: Kinds of findings that are single events: raised once, expired by the correlator.
+TRANSIENT_KINDS = {"process_exit", *(k for k, _ in EXCEPTION_KINDS.values())}
 
 
 @dataclass(frozen=True)
@@ -24,103 +62,369 @@ class EngineParams:
     #: subject: a new consumer group reading an old log must not report every node
     #: that left the cluster long ago as lost.
     max_event_age_s: float = 300.0
+    #: Extra detectors from plugins: name -> class, fed per job with the
+    #: job's iteration time (``update(x, t=...)``).
+    job_plugins: tuple[str, ...] = ()
+
+
+@dataclass
+class _JobState:
+    hang: HangDetector
+    failslow: BOCDVerify
+    straggler: StragglerLocalizer
+    period: IterationPeriod
+    plugins: dict[str, Detector] = field(default_factory=dict)
+    nodes: set[str] = field(default_factory=set)
+    last_step: tuple[int, float] | None = None
+    step_records: list[IterationTiming] = field(default_factory=list)
+    # per step: (end, max compute over ranks, min communication over ranks)
+    split: list[tuple[float, float, float]] = field(default_factory=list)
+    cluster: str = "default"
+
+
+@dataclass
+class _NodeState:
+    heartbeat: HeartbeatLoss | None = None
+    xid: XidDetector | None = None
+    nic: NicCongestion | None = None
+    gpu: GpuDegradation | None = None
+    cluster: str = "default"
+
+
+def _subject_key(subject: Subject) -> str:
+    return "/".join(f"{k}={v}" for k, v in subject.model_dump(exclude_none=True).items())
 
 
 class DetectionEngine:
-    """Per-job hang detectors and per-node heartbeat detectors, with incidents."""
+    """All detectors of the jobs and nodes this worker owns."""
 
-    def __init__(self, params: EngineParams = EngineParams(), cluster: str = "default") -> None:
+    def __init__(self, params: EngineParams = EngineParams()) -> None:
         self.params = params
-        self.incidents = IncidentBook(cluster=cluster)
-        self.hang: dict[str, HangDetector] = {}
-        self.heartbeat: dict[str, HeartbeatLoss] = {}
-        self._last_step: dict[str, tuple[int, float]] = {}
+        self.jobs: dict[str, _JobState] = {}
+        self.nodes: dict[str, _NodeState] = {}
+        # (owner, detector name) -> {finding key: DetectorFinding} currently raised
+        self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
 
-    def on_event(self, event: Envelope, now: float) -> list[Alert]:
-        """Feed one event; return alerts that the event itself settles (resolutions)."""
+    # -- inputs ------------------------------------------------------------
+    def on_events(self, events: Iterable[Envelope], now: float) -> list[DetectorFinding]:
+        """Feed one message's events; return the findings they raise or clear."""
+        out: list[DetectorFinding] = []
+        gpu_samples: dict[str, list[GpuTelemetry]] = {}
+        for event in events:
+            if isinstance(event, GpuTelemetry):
+                if event.source.node:
+                    gpu_samples.setdefault(event.source.node, []).append(event)
+            else:
+                out += self.on_event(event, now)
+        for node, samples in gpu_samples.items():
+            out += self._on_gpu(node, samples, now)
+        return out
+
+    def on_event(self, event: Envelope, now: float) -> list[DetectorFinding]:
         if isinstance(event, Heartbeat):
             return self._on_heartbeat(event, now)
         if isinstance(event, IterationTiming):
             return self._on_iteration(event, now)
+        if isinstance(event, CollectiveCall):
+            return self._on_collective(event, now)
+        if isinstance(event, XidError):
+            return self._on_xid(event, now)
+        if isinstance(event, NicCounters):
+            return self._on_nic(event, now)
+        if isinstance(event, GpuTelemetry) and event.source.node:
+            return self._on_gpu(event.source.node, [event], now)
+        if isinstance(event, ProcessExit):
+            return self._on_exit(event)
+        if isinstance(event, TrainingException):
+            return self._on_exception(event)
         return []
 
-    def _on_heartbeat(self, hb: Heartbeat, now: float) -> list[Alert]:
+    def _stale(self, event_time: float, now: float) -> bool:
+        return now - event_time > self.params.max_event_age_s
+
+    def _node(self, node: str, cluster: str) -> _NodeState:
+        state = self.nodes.get(node)
+        if state is None:
+            state = self.nodes[node] = _NodeState(cluster=cluster)
+        return state
+
+    def _on_heartbeat(self, hb: Heartbeat, now: float) -> list[DetectorFinding]:
         node = hb.source.node
         if node is None:
             return []
-        det = self.heartbeat.get(node)
-        if det is None:
-            if now - to_seconds(hb.event_time) > self.params.max_event_age_s:
+        t = to_seconds(hb.event_time)
+        state = self.nodes.get(node)
+        if state is None or state.heartbeat is None:
+            if self._stale(t, now):
                 return []
-            det = self.heartbeat[node] = HeartbeatLoss(missed_intervals=self.params.heartbeat_missed_intervals,
-                                                       interval_s=hb.interval_s)
-        was_lost = det.finding is not None
-        det.update(t=to_seconds(hb.event_time), interval_s=hb.interval_s, seq=hb.seq)
-        if was_lost and det.finding is None:
-            alert = self.incidents.resolve("node_lost", Subject(node=node), now, f"heartbeats resumed (seq {hb.seq})")
-            return [alert] if alert else []
-        return []
+            state = self._node(node, hb.source.cluster)
+            state.heartbeat = HeartbeatLoss(missed_intervals=self.params.heartbeat_missed_intervals,
+                                            interval_s=hb.interval_s)
+        state.heartbeat.update(t=t, interval_s=hb.interval_s, seq=hb.seq)
+        return self._diff_node(node, state.heartbeat, now)
 
-    def _on_iteration(self, it: IterationTiming, now: float) -> list[Alert]:
+    def _on_xid(self, ev: XidError, now: float) -> list[DetectorFinding]:
+        node = ev.source.node
+        if node is None:
+            return []
+        state = self._node(node, ev.source.cluster)
+        if state.xid is None:
+            state.xid = XidDetector(node=node)
+        gpu: str | int | None = ev.pci_bus_id if ev.pci_bus_id else ev.source.gpu
+        state.xid.update(ev.code, gpu, t=to_seconds(ev.event_time), message=ev.message)
+        return self._diff_node(node, state.xid, now)
+
+    def _on_nic(self, ev: NicCounters, now: float) -> list[DetectorFinding]:
+        node = ev.source.node
+        if node is None:
+            return []
+        state = self._node(node, ev.source.cluster)
+        if state.nic is None:
+            state.nic = NicCongestion(node=node)
+        state.nic.update(ev.counters, t=to_seconds(ev.event_time), port=f"{ev.device}:{ev.port}")
+        return self._diff_node(node, state.nic, now)
+
+    def _on_gpu(self, node: str, samples: list[GpuTelemetry], now: float) -> list[DetectorFinding]:
+        state = self._node(node, samples[0].source.cluster)
+        if state.gpu is None:
+            state.gpu = GpuDegradation(node=node)
+        readings: dict[Any, dict[str, Any]] = {}
+        for s in samples:
+            if s.source.gpu is None:
+                continue
+            readings[s.source.gpu] = {
+                k: v for k, v in (("sm_clock", s.sm_clock_mhz), ("temperature", s.temperature_c),
+                                  ("power", s.power_w), ("utilization", s.utilization_pct),
+                                  ("throttle_reasons", s.throttle_reasons), ("ecc_sbe", s.ecc_sbe),
+                                  ("ecc_dbe", s.ecc_dbe)) if v is not None
+            }
+            if s.nvlink_errors:
+                readings[s.source.gpu]["nvlink_errors"] = sum(s.nvlink_errors.values())
+        if readings:
+            state.gpu.update(readings, t=max(to_seconds(s.event_time) for s in samples))
+        return self._diff_node(node, state.gpu, now)
+
+    def _on_exit(self, ev: ProcessExit) -> list[DetectorFinding]:
+        if ev.signal is None and ev.exit_code == 0:
+            return []  # a clean exit is the end of a job, not a failure
+        subject = Subject(job=ev.source.job, node=ev.source.node, rank=ev.source.rank)
+        evidence = {"pid": ev.pid, "exit_code": ev.exit_code, "signal": ev.signal, "local_rank": ev.local_rank}
+        return [self._finding("raised", "process_exit", 2, subject, to_seconds(ev.event_time), "process_exit", "1",
+                              evidence, ev.source.cluster, self._job_nodes(ev.source.job))]
+
+    def _on_exception(self, ev: TrainingException) -> list[DetectorFinding]:
+        kind, severity = EXCEPTION_KINDS[ev.category.value]
+        subject = Subject(job=ev.source.job, node=ev.source.node, rank=ev.source.rank)
+        evidence = {"category": ev.category.value, "exc_type": ev.exc_type, "message": ev.message[:500]}
+        return [self._finding("raised", kind, severity, subject, to_seconds(ev.event_time), "exception_classifier",
+                              "1", evidence, ev.source.cluster, self._job_nodes(ev.source.job))]
+
+    def _job_nodes(self, job: str | None) -> list[str]:
+        state = self.jobs.get(job) if job else None
+        return sorted(state.nodes) if state else []
+
+    def _job(self, job: str, cluster: str) -> _JobState:
+        state = self.jobs.get(job)
+        if state is None:
+            plugins = {name: REGISTRY[name]() for name in self.params.job_plugins}
+            state = self.jobs[job] = _JobState(
+                hang=HangDetector(k=self.params.hang_k, warmup=self.params.hang_warmup),
+                failslow=BOCDVerify(), straggler=StragglerLocalizer(), period=IterationPeriod(),
+                plugins=plugins, cluster=cluster)
+        return state
+
+    def _on_iteration(self, it: IterationTiming, now: float) -> list[DetectorFinding]:
         job = it.source.job
         if job is None:
             return []
+        end = to_seconds(it.end)
+        state = self.jobs.get(job)
+        if state is None and self._stale(end, now):
+            return []
+        state = self._job(job, it.source.cluster)
+        if it.source.node:
+            state.nodes.add(it.source.node)
         # Every rank reports each step: the job progressed when another step ends
         # later than the last one did. Step numbers may go back (a restart from a
         # checkpoint); old events (redelivered, late ranks) end earlier.
-        end = to_seconds(it.end)
-        last = self._last_step.get(job)
-        if last is not None and (it.step == last[0] or end <= last[1]):
+        last = state.last_step
+        if last is not None and it.step == last[0]:
+            state.step_records.append(it)
             return []
-        det = self.hang.get(job)
-        if det is None and now - end > self.params.max_event_age_s:
+        if last is not None and end <= last[1]:
             return []
-        self._last_step[job] = (it.step, end)
-        if det is None:
-            det = self.hang[job] = HangDetector(k=self.params.hang_k, warmup=self.params.hang_warmup)
-        was_hung = det.finding is not None
+        out = self._close_step(job, state, now)
+        state.last_step = (it.step, end)
+        state.step_records = [it]
         if it.duration_s > 0:
-            det.update(it.duration_s, t=end)
-        if was_hung and det.finding is None:
-            alert = self.incidents.resolve("task_hang", Subject(job=job), now, f"step {it.step} completed")
-            return [alert] if alert else []
-        return []
+            state.hang.update(it.duration_s, t=end)
+            state.failslow.update(it.duration_s, t=end)
+            for det in state.plugins.values():
+                det.update(it.duration_s, t=end)
+        out += self._diff_job(job, state, state.hang, now)
+        out += self._diff_job(job, state, state.failslow, now,
+                              enrich=lambda f, e: self._failslow_class(state, f, e))
+        for det in state.plugins.values():
+            out += self._diff_job(job, state, det, now)
+        return out
 
-    def forget(self, nodes: set[str] = frozenset(), jobs: set[str] = frozenset()) -> None:
-        """Drop the state of subjects whose partitions moved to another worker.
+    def _close_step(self, job: str, state: _JobState, now: float) -> list[DetectorFinding]:
+        """A step is complete once a later one begins: localize over its ranks."""
+        records = [r for r in state.step_records if r.compute_s is not None and r.communication_s is not None]
+        if not records:
+            return []
+        end = to_seconds(records[0].end)
+        state.split.append((end, max(r.compute_s for r in records), min(r.communication_s for r in records)))  # type: ignore[type-var]
+        del state.split[:-512]
+        per_rank = [{"rank": r.source.rank if r.source.rank is not None else i, "dp": r.dp or 0, "pp": r.pp or 0,
+                     "tp": r.tp or 0, "compute": r.compute_s, "comm": r.communication_s}
+                    for i, r in enumerate(records)]
+        state.straggler.update(per_rank, t=end)
+        return self._diff_job(job, state, state.straggler, now, enrich=self._placement(records))
 
-        The new owner rebuilds it from the log; keeping it here would make a
-        node whose heartbeats now go elsewhere look lost.
+    def _placement(self, records: list[IterationTiming]) -> Callable[[Finding, dict], None]:
+        where = {r.source.rank: (r.source.node, r.source.gpu) for r in records}
+
+        def enrich(finding: Finding, evidence: dict) -> None:
+            loc = finding.evidence.get("location")
+            if isinstance(loc, (list, tuple)) and len(loc) == 2 and loc[0] == "rank" and loc[1] in where:
+                evidence["node"], evidence["gpu"] = where[loc[1]]
+        return enrich
+
+    @staticmethod
+    def _failslow_class(state: _JobState, finding: Finding, evidence: dict) -> None:
+        """Computation or communication: which part of the step grew.
+
+        In a synchronous job a slow GPU makes its rank compute longer (the
+        slowest rank's compute grows); a slow link makes every rank's
+        communication longer, even the one that waits least.
         """
+        state_split = state.split
+        onset = finding.onset
+        before = [x for x in state_split if x[0] < onset][-50:]
+        after = [x for x in state_split if x[0] >= onset]
+        if len(before) < 3 or len(after) < 2:
+            return
+        d_compute = float(np.median([a[1] for a in after]) - np.median([b[1] for b in before]))
+        d_comm = float(np.median([a[2] for a in after]) - np.median([b[2] for b in before]))
+        evidence["slowdown_class"] = "computation" if d_compute >= d_comm else "communication"
+        evidence["delta_compute_s"] = round(d_compute, 6)
+        evidence["delta_communication_s"] = round(d_comm, 6)
+
+    def _on_collective(self, call: CollectiveCall, now: float) -> list[DetectorFinding]:
+        job = call.source.job
+        if job is None:
+            return []
+        state = self._job(job, call.source.cluster)
+        if call.source.node:
+            state.nodes.add(call.source.node)
+        # Only rank 0's calls: every rank makes the same sequence.
+        if call.source.rank not in (None, 0):
+            return []
+        t = to_seconds(call.end)
+        state.period.update(call.op.value, call.group, t=t)
+        if state.last_step is None or state.last_step[0] < 0:
+            # No iteration events from this job: the ACF period is its heartbeat.
+            iteration_s = state.period.iteration_time
+            if iteration_s is not None and iteration_s > 0:
+                last_t = state.last_step[1] if state.last_step else None
+                if last_t is None or t - last_t >= iteration_s:
+                    state.last_step = (-1, t)
+                    state.hang.update(iteration_s, t=t)
+                    state.failslow.update(iteration_s, t=t)
+        return self._diff_job(job, state, state.period, now)
+
+    # -- timers ------------------------------------------------------------
+    def tick(self, now: float) -> list[DetectorFinding]:
+        """Advance every timer to ``now``; return what that raises or clears."""
+        out: list[DetectorFinding] = []
+        for node, state in self.nodes.items():
+            for det in (state.heartbeat, state.xid, state.nic, state.gpu):
+                if det is not None:
+                    det.tick(now)
+                    out += self._diff_node(node, det, now)
+        for job, state in self.jobs.items():
+            state.hang.tick(now)
+            out += self._diff_job(job, state, state.hang, now)
+        return out
+
+    def forget(self, nodes: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
+        """Drop the state of subjects whose partitions moved to another worker."""
         for node in nodes:
-            self.heartbeat.pop(node, None)
-            self.incidents.forget("node_lost", Subject(node=node))
+            self.nodes.pop(node, None)
+            for key in [k for k in self._reported if k[0] == f"node:{node}"]:
+                del self._reported[key]
         for job in jobs:
-            self.hang.pop(job, None)
-            self._last_step.pop(job, None)
-            self.incidents.forget("task_hang", Subject(job=job))
+            self.jobs.pop(job, None)
+            for key in [k for k in self._reported if k[0] == f"job:{job}"]:
+                del self._reported[key]
 
-    def tick(self, now: float) -> list[Alert]:
-        """Advance every timer to ``now``; return newly opened incidents."""
-        alerts = self._tick_all(
-            self.heartbeat, now, lambda node: Subject(node=node),
-            lambda node, f: f"node {node} lost: no heartbeat for {f.evidence['silence_s']:.1f} s")
-        alerts += self._tick_all(
-            self.hang, now, lambda job: Subject(job=job),
-            lambda job, f: (f"job {job} hung: no iteration for {f.evidence['silence_s']:.1f} s "
-                            f"(timeout {f.evidence['timeout_s']:.2f} s)"))
-        return alerts
+    # -- diffing -----------------------------------------------------------
+    def _diff_node(self, node: str, det: Detector, now: float) -> list[DetectorFinding]:
+        state = self.nodes[node]
 
-    def _tick_all(self, detectors: dict[str, Detector], now: float, subject_of: Callable[[str], Subject],
-                  summary_of: Callable[[str, Finding], str]) -> list[Alert]:
-        alerts: list[Alert] = []
-        for key, det in detectors.items():
-            det.tick(now)
-            finding = det.finding
-            if finding is None or self.incidents.is_open(finding.kind, subject_of(key)):
+        def subject(f: Finding) -> Subject:
+            ev = f.evidence
+            gpu = ev.get("gpu")
+            port = ev.get("port")
+            # GPU detectors name a GPU by index (maybe as text); XIDs by PCI bus id.
+            index = int(gpu) if isinstance(gpu, int) or (isinstance(gpu, str) and gpu.isdigit()) else None
+            return Subject(node=node, gpu=index, link=f"{node}/{port}" if port is not None else None)
+
+        return self._diff(f"node:{node}", det, subject, state.cluster, [], now, None)
+
+    def _diff_job(self, job: str, state: _JobState, det: Detector, now: float,
+                  enrich: Callable[[Finding, dict], None] | None = None) -> list[DetectorFinding]:
+        return self._diff(f"job:{job}", det, lambda f: Subject(job=job), state.cluster, sorted(state.nodes), now,
+                          enrich)
+
+    def _diff(self, owner: str, det: Detector, subject_of: Callable[[Finding], Subject], cluster: str,
+              job_nodes: list[str], now: float, enrich: Callable[[Finding, dict], None] | None) -> list[DetectorFinding]:
+        current = list(getattr(det, "findings", None) or ([det.finding] if det.finding is not None else []))
+        reported = self._reported.setdefault((owner, det.name), {})
+        out: list[DetectorFinding] = []
+        seen: set[str] = set()
+        for f in current:
+            subject = subject_of(f)
+            key = f"{f.kind}|{_subject_key(subject)}|{f.onset:.6f}"
+            seen.add(key)
+            if key in reported:
                 continue
-            alert = self.incidents.raise_finding(finding, subject_of(key), det.name, det.version,
-                                                 summary_of(key, finding))
-            if alert:
-                alerts.append(alert)
-        return alerts
+            evidence = dict(f.evidence)
+            if enrich is not None:
+                enrich(f, evidence)
+            df = self._finding("raised", f.kind, f.severity, subject, f.onset, det.name, det.version, evidence,
+                               cluster, job_nodes, detected_at=f.detected_at)
+            reported[key] = df
+            out.append(df)
+        for key in [k for k in reported if k not in seen]:
+            raised = reported.pop(key)
+            out.append(self._finding("cleared", raised.kind, raised.severity, raised.subject,
+                                     to_seconds(raised.onset_time), raised.detector, raised.detector_version,
+                                     raised.evidence, cluster, raised.job_nodes, detected_at=now))
+        return out
+
+    @staticmethod
+    def _finding(status: str, kind: str, severity: int, subject: Subject, onset: float, detector: str,
+                 version: str, evidence: dict, cluster: str, job_nodes: list[str],
+                 detected_at: float | None = None) -> DetectorFinding:
+        at = onset if detected_at is None else detected_at
+        return DetectorFinding(
+            event_id=uuid.uuid5(_FINDING_NS, f"{status}|{kind}|{_subject_key(subject)}|{onset:.6f}"),
+            event_time=from_seconds(at), source=Source(cluster=cluster), status=status, kind=kind,  # type: ignore[arg-type]
+            severity=severity, subject=subject, onset_time=from_seconds(onset), detector=detector,
+            detector_version=version, job_nodes=job_nodes, evidence=_plain(evidence),
+        )
+
+
+def _plain(value: Any) -> Any:
+    """Evidence as JSON-ready values (tuples to lists, numpy scalars to Python)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    return value

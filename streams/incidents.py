@@ -1,115 +1,249 @@
-"""Incidents: one per root cause, opened, updated and resolved as alerts.
+"""Incidents: one per root cause, from findings across signals and subjects.
 
-Pure bookkeeping, no Kafka. An incident's id is derived from its kind, its
-subject and its onset, so a worker that restarts and rebuilds the same
-finding from the log produces the same incident id and the same alert event
-ids: downstream consumers drop the repeats.
+The correlator receives every finding (raised / cleared) and keeps open
+incidents. Each incident has a root finding and the findings it explains
+(its evidence). Attribution is a small set of explicit rules,
+:func:`explains`: a lost node explains the hang, NCCL timeouts and
+connection errors of the jobs on it (the rank that times out is usually
+healthy); a congested NIC explains a communication fail-slow of a job on
+that node; a degraded GPU explains a computation fail-slow; a crashed rank
+explains its job's hang and its peers' timeouts; a fatal XID explains the
+crashes on its node.
+
+When a stronger cause arrives after its symptom already opened an incident,
+that incident is re-rooted (same incident id, an ``update`` whose kind and
+subject name the cause), so one root cause stays one incident.
+
+Pure bookkeeping, no Kafka; time is an argument. Incident ids derive from
+the founding finding, and alert event ids from (incident id, version), so
+replaying the same findings yields the same alerts and consumers drop repeats.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from detectors.base import Finding
-from schemas import Alert, Source, Subject, from_seconds
+from schemas import Alert, DetectorFinding, Source, Subject, from_seconds, to_seconds
 
 _INCIDENT_NS = uuid.UUID("0b6c1a52-8f0e-4a43-9d4b-6b8f3e1f2a90")
 MAX_EVIDENCE = 100
+
+TRANSIENT = {"process_exit", "cuda_error", "illegal_memory_access", "software_error", "nccl_timeout",
+             "connection_reset", "connection_refused", "network_error"}
+JOB_SYMPTOMS = {"task_hang", "nccl_timeout", "connection_reset", "connection_refused", "network_error",
+                "process_exit", "fail_slow", "straggler", "iteration_period_lost"}
+PEER_SYMPTOMS = {"task_hang", "nccl_timeout", "connection_reset", "connection_refused", "network_error"}
+GPU_CAUSES = {"throttle", "clock_below_peers", "temperature_outlier", "ecc_dbe", "ecc_sbe", "nvlink_errors"}
+LINK_CAUSES = {"congestion", "link_flap", "transport_errors"}
+#: A rank that ended: its job stalls and its peers time out waiting for it.
+CRASHES = TRANSIENT
 
 
 def subject_key(subject: Subject) -> str:
     return "/".join(f"{k}={v}" for k, v in subject.model_dump(exclude_none=True).items())
 
 
+def _on_job_node(f: DetectorFinding, node: str | None) -> bool:
+    return node is not None and (node in f.job_nodes or f.subject.node == node)
+
+
+def explains(cause: DetectorFinding, symptom: DetectorFinding) -> bool:
+    """Does ``cause`` account for ``symptom``? (The attribution rules.)"""
+    if cause.event_id == symptom.event_id:
+        return False
+    c, s = cause.kind, symptom.kind
+    node = cause.subject.node
+    job = cause.subject.job
+    # The same symptom on many ranks of one job is one failure (1000 ranks, 1 incident).
+    if c == s and job is not None and symptom.subject.job == job and s in JOB_SYMPTOMS | TRANSIENT:
+        return True
+    # Several signals of one GPU (throttling, low clock, heat) or one link are one cause.
+    if c in GPU_CAUSES and s in GPU_CAUSES:
+        return (node, cause.subject.gpu) == (symptom.subject.node, symptom.subject.gpu)
+    if c in LINK_CAUSES and s in LINK_CAUSES:
+        return cause.subject.link == symptom.subject.link
+    if c == "node_lost":
+        if s == "node_lost":
+            return False
+        return (s in JOB_SYMPTOMS and _on_job_node(symptom, node)) or symptom.subject.node == node
+    if c in GPU_CAUSES:
+        if s not in ("fail_slow", "straggler") or not _on_job_node(symptom, node):
+            return False
+        return symptom.evidence.get("slowdown_class", "computation") == "computation" and \
+            symptom.evidence.get("node", node) == node
+    if c in LINK_CAUSES:
+        return s in ("fail_slow", "straggler") and _on_job_node(symptom, node) and \
+            symptom.evidence.get("slowdown_class", "communication") == "communication"
+    if c == "xid" and cause.severity <= 2:
+        return s in CRASHES | {"task_hang"} and symptom.subject.node == node
+    if c in CRASHES:
+        return job is not None and symptom.subject.job == job and s in PEER_SYMPTOMS and not (
+            s in CRASHES and c == "nccl_timeout")  # a timeout does not explain a crash
+    if c == "fail_slow":
+        return s == "straggler" and symptom.subject.job == cause.subject.job
+    return False
+
+
 @dataclass
 class Incident:
     incident_id: uuid.UUID
-    kind: str
-    severity: int
-    subject: Subject
-    onset: float
-    detected_at: float
-    detector: str
-    detector_version: str
-    summary: str
+    root: DetectorFinding
+    members: dict[str, DetectorFinding] = field(default_factory=dict)  # finding key -> raised finding
+    cleared: set[str] = field(default_factory=set)
     evidence: list[dict[str, Any]] = field(default_factory=list)
     evidence_count: int = 0
+    severity: int = 3
     version: int = 0
+    opened_at: float = 0.0
+    last_evidence_at: float = 0.0
+    summary: str = ""
 
 
-class IncidentBook:
-    """Open incidents by (kind, subject); turns findings into alert versions."""
+def finding_key(f: DetectorFinding) -> str:
+    return f"{f.kind}|{subject_key(f.subject)}|{to_seconds(f.onset_time):.6f}"
 
-    def __init__(self, cluster: str = "default", emitter: str = "vigil-detect") -> None:
-        self.cluster = cluster
-        self.emitter = emitter
-        self._open: dict[tuple[str, str], Incident] = {}
+
+def _summary(f: DetectorFinding) -> str:
+    subject = " ".join(f"{k}={v}" for k, v in f.subject.model_dump(exclude_none=True).items())
+    ev = f.evidence
+    detail = ""
+    if f.kind == "node_lost":
+        detail = f": no heartbeat for {ev.get('silence_s', 0):.1f} s"
+    elif f.kind == "task_hang":
+        detail = f": no iteration for {ev.get('silence_s', 0):.1f} s (timeout {ev.get('timeout_s', 0):.2f} s)"
+    elif f.kind == "fail_slow":
+        detail = f": iteration time {100 * ev.get('rel_change', 0):+.0f}% ({ev.get('slowdown_class', 'unclassified')})"
+    elif f.kind == "xid":
+        detail = f": XID {ev.get('code')} {ev.get('mnemonic', '')} -> {ev.get('action', '')}"
+    return f"{f.kind} {subject}{detail}"
+
+
+class Correlator:
+    """Findings in, alerts out: open, update (evidence, severity, attribution), resolve."""
+
+    def __init__(self, cluster_emitter: str = "vigil-correlate", transient_hold_s: float = 600.0) -> None:
+        self.emitter = cluster_emitter
+        self.transient_hold_s = transient_hold_s
+        self.incidents: dict[uuid.UUID, Incident] = {}
+        self._seen: OrderedDict[uuid.UUID, None] = OrderedDict()
 
     def open_incidents(self) -> list[Incident]:
-        return list(self._open.values())
+        return list(self.incidents.values())
 
-    def is_open(self, kind: str, subject: Subject) -> bool:
-        return (kind, subject_key(subject)) in self._open
+    def on_finding(self, f: DetectorFinding, now: float) -> list[Alert]:
+        if f.event_id in self._seen:
+            return []  # redelivered
+        self._seen[f.event_id] = None
+        while len(self._seen) > 100_000:
+            self._seen.popitem(last=False)
+        return self._on_raised(f, now) if f.status == "raised" else self._on_cleared(f, now)
 
-    def raise_finding(self, finding: Finding, subject: Subject, detector: str, detector_version: str,
-                      summary: str) -> Alert | None:
-        """Open an incident for ``finding``, or add evidence to the open one.
+    def _on_raised(self, f: DetectorFinding, now: float) -> list[Alert]:
+        key = finding_key(f)
+        for inc in self.incidents.values():
+            if key in inc.members:
+                return []
+        # 1. an open incident's cause explains it: more evidence
+        for inc in self._by_age():
+            if explains(inc.root, f) or any(explains(m, f) for m in inc.members.values()):
+                return self._attach(inc, f, now)
+        # 2. it explains open incidents: it becomes their root (re-rooting the oldest)
+        absorbed = [inc for inc in self._by_age() if explains(f, inc.root)]
+        if absorbed:
+            first, rest = absorbed[0], absorbed[1:]
+            alerts = []
+            first.members[key] = f
+            first.root = f
+            first.severity = min(first.severity, f.severity)
+            first.summary = f"{_summary(f)} (explains {len(first.members) - 1} finding(s))"
+            self._add_evidence(first, f, now)
+            for other in rest:
+                for k, m in other.members.items():
+                    first.members[k] = m
+                first.cleared |= other.cleared
+                first.evidence_count += other.evidence_count
+                alerts.append(self._close(other, now, f"merged into incident {first.incident_id}"))
+            alerts.insert(0, self._alert(first, "update", now))
+            return alerts
+        # 3. a new root cause
+        inc = Incident(
+            incident_id=uuid.uuid5(_INCIDENT_NS, f"{f.kind}|{subject_key(f.subject)}|{to_seconds(f.onset_time):.3f}"),
+            root=f, severity=f.severity, opened_at=now, summary=_summary(f),
+        )
+        inc.members[key] = f
+        self._add_evidence(inc, f, now)
+        self.incidents[inc.incident_id] = inc
+        return [self._alert(inc, "open", now)]
 
-        Returns the alert to publish, or ``None`` when nothing changed.
-        """
-        key = (finding.kind, subject_key(subject))
-        incident = self._open.get(key)
-        if incident is None:
-            incident = Incident(
-                incident_id=uuid.uuid5(_INCIDENT_NS, f"{finding.kind}|{key[1]}|{finding.onset:.3f}"),
-                kind=finding.kind, severity=finding.severity, subject=subject, onset=finding.onset,
-                detected_at=finding.detected_at, detector=detector, detector_version=detector_version,
-                summary=summary,
-            )
-            self._open[key] = incident
-            self._add_evidence(incident, finding.evidence)
-            return self._alert(incident, "open", finding.detected_at)
-        changed = finding.severity < incident.severity
-        incident.severity = min(incident.severity, finding.severity)
-        self._add_evidence(incident, finding.evidence)
-        return self._alert(incident, "update", finding.detected_at) if changed else None
+    def _attach(self, inc: Incident, f: DetectorFinding, now: float) -> list[Alert]:
+        new_kind = all(m.kind != f.kind for m in inc.members.values())
+        inc.members[finding_key(f)] = f
+        self._add_evidence(inc, f, now)
+        worse = f.severity < inc.severity
+        inc.severity = min(inc.severity, f.severity)
+        return [self._alert(inc, "update", now)] if worse or new_kind else []
 
-    def resolve(self, kind: str, subject: Subject, now: float, why: str) -> Alert | None:
-        incident = self._open.pop((kind, subject_key(subject)), None)
-        if incident is None:
-            return None
-        incident.summary = f"{incident.summary} — resolved: {why}"
-        return self._alert(incident, "resolved", now)
+    def _on_cleared(self, f: DetectorFinding, now: float) -> list[Alert]:
+        key = finding_key(f)
+        for inc in list(self.incidents.values()):
+            if key in inc.members:
+                inc.cleared.add(key)
+                if self._all_clear(inc, now):
+                    return [self._close(inc, now, f"{f.kind} cleared")]
+                return []
+        return []
 
-    def forget(self, kind: str, subject: Subject) -> None:
-        """Stop tracking an incident without resolving it (another worker owns it now)."""
-        self._open.pop((kind, subject_key(subject)), None)
+    def tick(self, now: float) -> list[Alert]:
+        """Resolve incidents whose findings have all cleared or expired."""
+        return [self._close(inc, now, "no new evidence") for inc in list(self.incidents.values())
+                if self._all_clear(inc, now)]
+
+    def _all_clear(self, inc: Incident, now: float) -> bool:
+        for key, m in inc.members.items():
+            if key in inc.cleared:
+                continue
+            if m.kind in TRANSIENT and now - inc.last_evidence_at >= self.transient_hold_s:
+                continue
+            return False
+        return True
+
+    def _by_age(self) -> list[Incident]:
+        return sorted(self.incidents.values(), key=lambda i: (i.opened_at, str(i.incident_id)))
 
     @staticmethod
-    def _add_evidence(incident: Incident, evidence: dict[str, Any]) -> None:
-        incident.evidence_count += 1
-        if len(incident.evidence) < MAX_EVIDENCE:
-            incident.evidence.append(evidence)
+    def _add_evidence(inc: Incident, f: DetectorFinding, now: float) -> None:
+        inc.evidence_count += 1
+        inc.last_evidence_at = now
+        if len(inc.evidence) < MAX_EVIDENCE:
+            inc.evidence.append({"kind": f.kind, "subject": f.subject.model_dump(exclude_none=True),
+                                 "onset": f.onset_time.isoformat(), "detector": f.detector, **f.evidence})
 
-    def _alert(self, incident: Incident, status: str, now: float) -> Alert:
-        incident.version += 1
+    def _close(self, inc: Incident, now: float, why: str) -> Alert:
+        self.incidents.pop(inc.incident_id, None)
+        inc.summary = f"{inc.summary} — resolved: {why}"
+        return self._alert(inc, "resolved", now)
+
+    def _alert(self, inc: Incident, status: str, now: float) -> Alert:
+        inc.version += 1
+        root = inc.root
         return Alert(
-            event_id=uuid.uuid5(incident.incident_id, str(incident.version)),
+            event_id=uuid.uuid5(inc.incident_id, str(inc.version)),
             event_time=from_seconds(now),
-            source=Source(cluster=self.cluster, node=incident.subject.node, job=incident.subject.job),
-            incident_id=incident.incident_id,
-            incident_version=incident.version,
+            source=Source(cluster=root.source.cluster, node=root.subject.node, job=root.subject.job),
+            incident_id=inc.incident_id,
+            incident_version=inc.version,
             status=status,  # type: ignore[arg-type]
-            severity=incident.severity,
-            kind=incident.kind,
-            subject=incident.subject,
-            onset_time=from_seconds(incident.onset),
-            detection_time=from_seconds(incident.detected_at),
-            summary=incident.summary,
-            evidence=list(incident.evidence),
-            evidence_count=incident.evidence_count,
-            detector=incident.detector,
-            detector_version=incident.detector_version,
+            severity=inc.severity,
+            kind=root.kind,
+            subject=root.subject,
+            onset_time=min(m.onset_time for m in inc.members.values()),
+            detection_time=root.event_time,
+            summary=inc.summary,
+            evidence=list(inc.evidence),
+            evidence_count=inc.evidence_count,
+            detector=root.detector,
+            detector_version=root.detector_version,
         )

@@ -1,10 +1,16 @@
-"""The detection worker: telemetry topics -> DetectionEngine -> alerts topic.
+"""The detection worker: telemetry -> findings -> incidents -> alerts.
+
+Two stages in one faust app. Detection agents consume the telemetry topics
+(partitioned by job or node, shared by every worker of the group), run the
+:class:`DetectionEngine` and publish findings to the findings topic. That
+topic has one partition, so exactly one worker of the group runs the
+:class:`Correlator` over all findings and publishes alerts: attribution
+across jobs and nodes needs one place that sees both.
 
 Each agent decodes raw messages itself (values are bytes), so a malformed
 message becomes a dead letter with its reason and raw bytes while the agent
-keeps going. Timer-driven detectors (hang, heartbeat loss) are ticked from a
-faust timer with the wall clock: this is the outermost layer, the only place
-that reads it.
+keeps going. Timer-driven detectors are ticked from a faust timer with the
+wall clock: this is the outermost layer, the only place that reads it.
 """
 
 from __future__ import annotations
@@ -14,28 +20,46 @@ import time
 from pathlib import Path
 from typing import Any
 
-from schemas import Alert, decode, encode, message_key
+from detectors import DetectorError
+from schemas import TOPICS, Alert, DetectorFinding, Envelope, decode, encode, message_key
 from streams.config import StreamConfig
 from streams.detection import DetectionEngine, EngineParams
 from streams.faustapp import VigilApp, create_app
-from detectors import DetectorError
+from streams.incidents import Correlator
 from streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)
 
+#: Telemetry the detection stage reads.
+TELEMETRY = ("heartbeat", "iteration", "collective", "xid", "nic_counters", "gpu_telemetry", "process_exit",
+             "training_exception")
 
-def build_worker_app(config: StreamConfig, ready_file: Path | None = None) -> VigilApp:
+
+def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
+                     params: EngineParams | None = None) -> VigilApp:
     app = create_app(config)
-    engine = DetectionEngine(EngineParams(hang_k=config.hang_k,
-                                          heartbeat_missed_intervals=config.heartbeat_missed_intervals))
+    engine = DetectionEngine(params or EngineParams(hang_k=config.hang_k,
+                                                    heartbeat_missed_intervals=config.heartbeat_missed_intervals))
+    correlator = Correlator()
     app.detection_engine = engine  # type: ignore[attr-defined]
+    app.correlator = correlator  # type: ignore[attr-defined]
 
     def raw_topic(event_type: str) -> Any:
         return app.topic(config.topic(event_type), value_type=bytes, key_type=bytes,
                          value_serializer="raw", key_serializer="raw")
 
     alerts_topic = raw_topic("alert")
+    findings_topic = raw_topic("finding")
     dlq_topic = raw_topic("dead_letter")
+    owns_correlation = {"yes": False}
+
+    async def send_dead_letter(dl: Envelope, why: Any) -> None:
+        await dlq_topic.send(key=dl.source_topic.encode(), value=encode(dl))  # type: ignore[attr-defined]
+        log.warning("dead letter %s/%s/%s: %s", dl.source_topic, dl.source_partition, dl.source_offset, why)  # type: ignore[attr-defined]
+
+    async def publish_findings(findings: list[DetectorFinding]) -> None:
+        for f in findings:
+            await findings_topic.send(key=message_key(f), value=encode(f))
 
     async def publish_alerts(alerts: list[Alert]) -> None:
         for alert in alerts:
@@ -43,36 +67,49 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None) -> Vi
             log.info("alert %s v%d %s sev%d %s", alert.status, alert.incident_version, alert.kind,
                      alert.severity, alert.subject.model_dump(exclude_none=True))
 
-    # Which subjects each partition carried, to forget them when it is revoked.
+    # Which subjects each partition carried, to forget them when it moves away.
     subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
 
-    async def consume(stream: Any) -> None:
+    async def detect(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
             decoded = decode(event.value)
+            for err in decoded.errors:
+                await send_dead_letter(dead_letter(err, msg.topic, msg.partition, msg.offset, msg.timestamp), err)
             nodes, jobs = subjects_of.setdefault((msg.topic, msg.partition), (set(), set()))
             for ev in decoded.events:
-                if ev.event_type == "heartbeat" and ev.source.node:  # type: ignore[attr-defined]
-                    nodes.add(ev.source.node)
-                elif ev.source.job:
+                key = TOPICS[ev.event_type].key  # type: ignore[attr-defined]
+                if key == "job" and ev.source.job:
                     jobs.add(ev.source.job)
-            for err in decoded.errors:
-                dl = dead_letter(err, msg.topic, msg.partition, msg.offset, msg.timestamp)
-                await dlq_topic.send(key=msg.topic.encode(), value=encode(dl))
-                log.warning("dead letter %s/%d/%d: %s", msg.topic, msg.partition, msg.offset, err)
-            now = time.time()
-            for ev in decoded.events:
-                try:
-                    alerts = engine.on_event(ev, now)
-                except DetectorError as exc:  # valid JSON a detector cannot use: keep it, go on
-                    dl = refused_event(ev, f"detector refused it: {exc}", msg.topic, msg.partition, msg.offset)
-                    await dlq_topic.send(key=msg.topic.encode(), value=encode(dl))
-                    log.warning("refused %s: %s", ev.event_id, exc)
-                    continue
-                await publish_alerts(alerts)
+                elif key == "node" and ev.source.node:
+                    nodes.add(ev.source.node)
+            try:
+                findings = engine.on_events(decoded.events, time.time())
+            except DetectorError:
+                findings = []
+                # One event a detector cannot use: find it, keep it, go on with the rest.
+                for ev in decoded.events:
+                    try:
+                        findings += engine.on_events([ev], time.time())
+                    except DetectorError as exc:
+                        await send_dead_letter(refused_event(ev, f"detector refused it: {exc}", msg.topic,
+                                                             msg.partition, msg.offset), exc)
+            await publish_findings(findings)
 
-    for event_type in ("heartbeat", "iteration"):
-        app.agent(raw_topic(event_type), name=f"detect-{event_type}")(consume)
+    for event_type in TELEMETRY:
+        app.agent(raw_topic(event_type), name=f"detect-{event_type}")(detect)
+
+    @app.agent(findings_topic, name="correlate")
+    async def correlate(stream: Any) -> None:
+        async for event in stream.events():
+            msg = event.message
+            decoded = decode(event.value)
+            for err in decoded.errors:
+                await send_dead_letter(dead_letter(err, msg.topic, msg.partition, msg.offset, msg.timestamp), err)
+            now = time.time()
+            for f in decoded.events:
+                if isinstance(f, DetectorFinding):
+                    await publish_alerts(correlator.on_finding(f, now))
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app: Any, assigned: Any, **kwargs: Any) -> None:
@@ -82,12 +119,16 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None) -> Vi
         for key in [k for k in subjects_of if k not in kept]:
             nodes, jobs = subjects_of.pop(key)
             engine.forget(nodes=nodes, jobs=jobs)
+        owns_correlation["yes"] = (config.topic("finding"), 0) in kept
 
     ready = {"written": False}
 
     @app.timer(interval=config.tick_interval_s)
     async def tick() -> None:
-        await publish_alerts(engine.tick(time.time()))
+        now = time.time()
+        await publish_findings(engine.tick(now))
+        if owns_correlation["yes"]:
+            await publish_alerts(correlator.tick(now))
         if ready_file is not None and not ready["written"] and app.consumer.assignment():
             ready_file.parent.mkdir(parents=True, exist_ok=True)
             ready_file.write_text(str(sorted(f"{tp.topic}:{tp.partition}" for tp in app.consumer.assignment())))

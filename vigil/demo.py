@@ -35,7 +35,7 @@ from vigil.broker import StackError, die_with_parent
 from vigil.settings import Settings
 from vigil.stack import EmbeddedStack, StackInfo, wait_for_file
 
-SCENARIO_S = 30.0
+SCENARIO_S = 36.0
 GRACE_S = 15.0
 
 
@@ -117,42 +117,40 @@ class WorkerProcesses:
             return ""
 
 
+def _names(alert: Alert, fault: Fault) -> bool:
+    kinds, _ = fault.expected_alert
+    subject = alert.subject.model_dump(exclude_none=True)
+    return alert.kind in kinds and all(subject.get(k) == v for k, v in fault.expected_subject.items())
+
+
 def match_faults(faults: list[Fault], alerts: list[SeenAlert]) -> list[dict[str, Any]]:
-    """Pair every injected fault with the first alert that names it."""
+    """Pair every injected fault with the first alert, after it, that names its root cause."""
     rows = []
     for fault in faults:
-        kind, severity = fault.expected_alert
-        hit = None
-        for seen in alerts:
-            a = seen.alert
-            subject = a.subject.node if fault.kind == "node_loss" else a.subject.job
-            arrived_after = fault.injected_at is not None and seen.arrived_at >= fault.injected_at
-            if a.status == "open" and a.kind == kind and subject == fault.target and arrived_after:
-                hit = seen
-                break
+        kinds, severity = fault.expected_alert
         injected = fault.injected_at
+        hit = next((seen for seen in alerts if seen.alert.status != "resolved" and _names(seen.alert, fault)
+                    and injected is not None and seen.arrived_at >= injected), None)
         rows.append({
             "kind": fault.kind,
             "target": fault.target,
             "injected_at": injected,
-            "expected_alert": kind,
+            "expected_alert": "/".join(kinds),
             "expected_severity": severity,
             "detected": hit is not None,
             "alert_kind": hit.alert.kind if hit else None,
             "severity": hit.alert.severity if hit else None,
             "severity_ok": bool(hit and hit.alert.severity == severity),
             "latency_s": round(hit.arrived_at - injected, 3) if hit and injected is not None else None,
+            "incident_id": str(hit.alert.incident_id) if hit else None,
         })
     return rows
 
 
-def explain(alert: Alert, sim: ClusterSimulator, faults: list[Fault]) -> str:
-    """Why an alert that matches no injected fault was raised (a consequence, or nothing)."""
-    if alert.subject.job and alert.kind == "task_hang":
-        job = sim.jobs.get(alert.subject.job)
-        lost = [f.target for f in faults if f.kind == "node_loss" and job and f.target in job.nodes]
-        if lost:
-            return f"consequence: {alert.subject.job} runs on lost {', '.join(lost)}"
+def explain(alert: Alert, scoreboard: list[dict[str, Any]]) -> str:
+    """Why an alert that matches no injected fault was raised."""
+    if any(row["incident_id"] == str(alert.incident_id) for row in scoreboard):
+        return "an earlier version of a detected fault's incident"
     return "unexplained"
 
 
@@ -279,7 +277,7 @@ def _live_view(sim: ClusterSimulator, start: float, now: float, published: int, 
         subject = a.subject.node or a.subject.job or "?"
         feed.add_row(f"[{colour}]sev{a.severity}[/{colour}]", f"{a.status} {a.kind} {subject}", f"+{s.arrived_at - start:.2f} s")
     return Panel(Group(status, bar, Text(""), feed),
-                 title="18 nodes x 8 GPUs: llama-7b (64 ranks), gpt-1b3 (64 ranks)")
+                 title="18 nodes x 8 GPUs: llama-7b (64 ranks), gpt-1b3 (64), bert-340m (16)")
 
 
 def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tuple, sim: ClusterSimulator,
@@ -300,20 +298,14 @@ def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tu
             f"{row['latency_s']:.2f}" if row["latency_s"] is not None else "-",
         )
     console.print(table)
-    matched = set()
-    for row in scoreboard:
-        for s in seen:
-            a = s.alert
-            subject = a.subject.node if row["kind"] == "node_loss" else a.subject.job
-            if a.kind == row["expected_alert"] and subject == row["target"]:
-                matched.add(a.event_id)
-    others = [s for s in seen if s.alert.event_id not in matched]
+    matched = {row["incident_id"] for row in scoreboard}
+    others = [s for s in seen if str(s.alert.incident_id) not in matched]
     if others:
         extra = Table("other alert", "status", "severity", "subject", "why")
         for s in others:
             a = s.alert
             extra.add_row(a.kind, a.status, f"sev{a.severity}", a.subject.node or a.subject.job or "?",
-                          explain(a, sim, faults))
+                          explain(a, scoreboard))
         console.print(extra)
     sql, result = history_rows
     console.rule("[bold]the same alerts, read back from ClickHouse[/bold]")

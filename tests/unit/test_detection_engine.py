@@ -1,103 +1,160 @@
-"""The detection engine driven by the simulator on simulated time (no Kafka)."""
+"""Detection + correlation driven by the simulator on simulated time (no Kafka).
+
+Ground truth is the simulator's: each injected fault must yield exactly one
+incident, whose kind, severity and subject name the fault's root cause.
+"""
 
 from __future__ import annotations
 
+import pytest
+
 from producers.simulator import ClusterSimulator, Fault, JobSpec
-from schemas import Heartbeat, IterationTiming, to_seconds
+from schemas import Alert, Heartbeat, IterationTiming, Source, from_seconds, to_seconds
 from streams.detection import DetectionEngine
+from streams.pipeline import InProcessPipeline
 
 TICK = 0.05
 
 
 def play(sim: ClusterSimulator, seconds: float):
-    engine = DetectionEngine()
-    alerts, log = [], []
+    pipe = InProcessPipeline()
+    alerts: list[tuple[Alert, float]] = []
+    log = []
     t = sim.start
     while t < sim.start + seconds:
         t += TICK
         for group in sim.advance(t):
             log.extend(group)
-            for ev in group:
-                alerts.extend((a, t) for a in engine.on_event(ev, t))
-        alerts.extend((a, t) for a in engine.tick(t))
+            alerts.extend((a, t) for a in pipe.feed(group, t))
+        alerts.extend((a, t) for a in pipe.tick(t))
     return alerts, log
 
 
-def cluster(faults):
+def cluster(faults, telemetry=1.0, seed=11):
     nodes = [f"n{i}" for i in range(6)]
     jobs = [JobSpec("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.4),
-            JobSpec("b", ("n2", "n3"), dp=2, pp=1, tp=8, iteration_s=0.2)]
-    return ClusterSimulator(nodes, jobs, faults, start=5000.0, heartbeat_interval_s=1.0, seed=11)
+            JobSpec("b", ("n2", "n3"), dp=2, pp=2, tp=4, iteration_s=0.2)]
+    return ClusterSimulator(nodes, jobs, faults, start=5000.0, heartbeat_interval_s=1.0, seed=seed,
+                            telemetry_interval_s=telemetry)
 
 
-def test_clean_run_raises_nothing():
-    alerts, _ = play(cluster([]), 60)
+def incidents(alerts):
+    """incident id -> its alert versions, in order."""
+    out: dict = {}
+    for a, at in alerts:
+        out.setdefault(a.incident_id, []).append((a, at))
+    return out
+
+
+def naming(alerts, kinds, subject):
+    """First alert (any status but resolved) whose kind and subject name the fault."""
+    for a, at in alerts:
+        s = a.subject.model_dump(exclude_none=True)
+        if a.status != "resolved" and a.kind in kinds and all(s.get(k) == v for k, v in subject.items()):
+            return a, at
+    return None
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_clean_run_raises_nothing(seed):
+    alerts, _ = play(cluster([], seed=seed), 60)
     assert alerts == []
 
 
-def test_node_loss_is_one_sev1_incident_detected_after_the_missed_intervals():
+FAULTS = [
+    Fault("node_loss", "n5", at=10.0),
+    Fault("hang", "b", at=10.0, recover_at=15.0),
+    Fault("xid", "n4", at=10.0, code=79, gpu=3),
+    Fault("xid", "n4", at=10.0, code=13, gpu=1),
+    Fault("process_exit", "a", at=10.0, rank=3),
+    Fault("exception", "b", at=10.0, rank=5, category="cuda_error"),
+    Fault("exception", "a", at=10.0, rank=2, category="illegal_memory_access"),
+    Fault("exception", "b", at=10.0, rank=1, category="connection_reset"),
+    Fault("gpu_slow", "n2", at=30.0, gpu=5, slowdown=0.4),
+    Fault("congestion", "n0", at=30.0, slowdown=1.0),
+]
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=lambda f: f"{f.kind}-{f.code if f.kind == 'xid' else f.category if f.kind == 'exception' else f.target}")
+def test_each_fault_is_one_incident_naming_its_root_cause(fault):
+    sim = cluster([fault])
+    alerts, _ = play(sim, fault.at + 20)
+    kinds, severity = fault.expected_alert
+    hit = naming(alerts, kinds, fault.expected_subject)
+    assert hit is not None, [(a.status, a.kind, a.subject) for a, _ in alerts]
+    alert, at = hit
+    assert alert.severity == severity
+    assert at >= fault.injected_at
+    # everything raised belongs to that one incident
+    assert set(incidents(alerts)) == {alert.incident_id}, [(a.status, a.kind, a.subject) for a, _ in alerts]
+
+
+def test_node_loss_is_detected_after_the_missed_intervals():
     sim = cluster([Fault("node_loss", "n5", at=10.0)])
     alerts, log = play(sim, 20)
     last_beat = max(to_seconds(e.event_time) for e in log if isinstance(e, Heartbeat) and e.source.node == "n5")
-    [(alert, at)] = [(a, t) for a, t in alerts if a.kind == "node_lost"]
-    assert alert.severity == 1 and alert.subject.node == "n5" and alert.status == "open"
+    alert, at = naming(alerts, ("node_lost",), {"node": "n5"})
     assert to_seconds(alert.onset_time) == last_beat
     assert last_beat + 2.5 < at <= last_beat + 2.5 + TICK + 1e-9
-    assert [a for a, _ in alerts if a.kind != "node_lost"] == []  # n5 runs no job
 
 
-def test_hang_is_sev2_within_three_mean_iterations_and_resolves():
+def test_hang_within_three_mean_iterations_then_resolves():
     sim = cluster([Fault("hang", "b", at=10.0, recover_at=15.0)])
     alerts, log = play(sim, 20)
     its = [e for e in log if isinstance(e, IterationTiming) and e.source.job == "b"]
     last = max(to_seconds(e.end) for e in its if to_seconds(e.end) <= 5010.0)
     durations = sorted({(e.step, e.duration_s) for e in its if to_seconds(e.end) <= last})[-50:]
     mean = sum(d for _, d in durations) / len(durations)
-    opened = [(a, t) for a, t in alerts if a.kind == "task_hang" and a.status == "open"]
-    resolved = [a for a, _ in alerts if a.kind == "task_hang" and a.status == "resolved"]
-    [(alert, at)] = opened
-    assert alert.severity == 2 and alert.subject.job == "b"
+    versions = next(iter(incidents(alerts).values()))
+    (opened, at), (resolved, _) = versions
+    assert opened.status == "open" and opened.kind == "task_hang" and opened.severity == 2
     assert last + 3 * mean < at <= last + 3 * mean + TICK + 1e-9
-    assert len(resolved) == 1 and resolved[0].incident_id == alert.incident_id
-    assert resolved[0].incident_version == 2
+    assert resolved.status == "resolved"
 
 
-def test_node_loss_under_a_job_also_stalls_that_job():
-    sim = cluster([Fault("node_loss", "n1", at=10.0)])
+def test_lost_node_under_a_job_is_one_incident_with_the_hang_and_timeouts_as_evidence():
+    """The ranks that time out are healthy: the root cause is the lost node."""
+    sim = cluster([Fault("node_loss", "n1", at=10.0, peers_time_out=1.0)])
     alerts, _ = play(sim, 20)
-    kinds = sorted((a.kind, a.subject.node or a.subject.job) for a, _ in alerts)
-    assert kinds == [("node_lost", "n1"), ("task_hang", "a")]
+    assert len(incidents(alerts)) == 1
+    alert, _ = naming(alerts, ("node_lost",), {"node": "n1"})
+    final = [a for a, _ in alerts][-1]
+    assert final.kind == "node_lost" and final.severity == 1 and final.subject.node == "n1"
+    kinds = {e["kind"] for e in final.evidence}
+    assert {"node_lost", "task_hang", "nccl_timeout"} <= kinds
+    assert final.evidence_count >= 8 + 1  # the 8 timed-out ranks on n0, the hang, the loss
 
 
-def test_replaying_the_same_events_gives_the_same_incident_ids():
+def test_computation_fail_slow_with_a_throttled_gpu_is_that_gpus_degradation():
+    sim = cluster([Fault("gpu_slow", "n2", at=30.0, gpu=5, slowdown=0.4)])
+    alerts, _ = play(sim, 50)
+    final = [a for a, _ in alerts][-1]
+    assert len(incidents(alerts)) == 1
+    assert final.kind in ("throttle", "clock_below_peers") and final.subject.node == "n2" and final.subject.gpu == 5
+    assert "fail_slow" in {e["kind"] for e in final.evidence}
+
+
+def test_communication_fail_slow_with_a_cnp_surge_is_congestion_on_that_link():
+    sim = cluster([Fault("congestion", "n0", at=30.0, slowdown=1.0)])
+    alerts, _ = play(sim, 50)
+    final = [a for a, _ in alerts][-1]
+    assert len(incidents(alerts)) == 1
+    assert final.kind == "congestion" and final.subject.node == "n0" and final.subject.link == "n0/mlx5_0:1"
+    assert "fail_slow" in {e["kind"] for e in final.evidence}
+
+
+def test_replaying_the_same_events_gives_the_same_alert_ids():
     a1, _ = play(cluster([Fault("node_loss", "n5", at=10.0)]), 20)
     a2, _ = play(cluster([Fault("node_loss", "n5", at=10.0)]), 20)
     assert [a.event_id for a, _ in a1] == [a.event_id for a, _ in a2]
 
 
-def test_forgotten_subjects_raise_nothing_here():
-    """After a rebalance moves a node's partition away, its silence is not a loss here."""
-    sim = cluster([])
-    engine = DetectionEngine()
-    t = sim.start
-    for _ in range(100):
-        t += TICK
-        for group in sim.advance(t):
-            for ev in group:
-                engine.on_event(ev, t)
-        engine.tick(t)
-    engine.forget(nodes={"n0", "n1", "n2", "n3", "n4", "n5"}, jobs={"a", "b"})
-    assert engine.tick(t + 100) == []
-
-
 def _iteration(job, step, end, duration=0.2):
-    from schemas import Source, from_seconds
     return IterationTiming(event_time=from_seconds(end), source=Source(job=job, rank=0), step=step,
                            start=from_seconds(end - duration), end=from_seconds(end), duration_s=duration)
 
 
 def _beat(node, t, seq):
-    from schemas import Source, from_seconds
     return Heartbeat(event_time=from_seconds(t), source=Source(node=node), seq=seq, interval_s=1.0)
 
 
@@ -107,31 +164,44 @@ def test_restart_from_a_checkpoint_is_progress_not_a_hang():
     for step in range(100):
         t += 0.2
         engine.on_event(_iteration("j", step, t), t)
-        assert engine.tick(t) == []
+        assert [f for f in engine.tick(t) if f.kind == "task_hang"] == []
     for step in range(90, 120):  # resumed from the checkpoint of step 90
         t += 0.2
         engine.on_event(_iteration("j", step, t), t)
-        assert engine.tick(t) == []
+        assert [f for f in engine.tick(t) if f.kind == "task_hang"] == []
 
 
-def test_late_or_redelivered_events_do_not_count_as_progress_or_life():
-    engine = DetectionEngine()
+def test_late_or_redelivered_heartbeats_are_not_signs_of_life():
+    pipe = InProcessPipeline()
     for seq in range(10):
-        engine.on_event(_beat("n", 100.0 + seq, seq), 100.0 + seq)
-    [opened] = engine.tick(113.0)
+        pipe.feed([_beat("n", 100.0 + seq, seq)], 100.0 + seq)
+    [opened] = pipe.tick(113.0)
     assert opened.kind == "node_lost"
-    # a redelivered old heartbeat neither resolves the incident nor reopens it
-    assert engine.on_event(_beat("n", 105.0, 5), 113.5) == []
-    assert engine.tick(114.0) == []
-    [resolved] = engine.on_event(_beat("n", 114.5, 0), 114.5)
+    assert pipe.feed([_beat("n", 105.0, 5)], 113.5) == []  # redelivered old heartbeat
+    assert pipe.tick(114.0) == []
+    [resolved] = pipe.feed([_beat("n", 114.5, 0)], 114.5)
     assert resolved.status == "resolved" and resolved.incident_id == opened.incident_id
 
 
 def test_an_old_log_does_not_report_long_gone_nodes():
     """A new consumer group reading from the start of the log at time `now`."""
-    engine = DetectionEngine()
+    pipe = InProcessPipeline()
     now = 1_000_000.0
     for seq in range(10):
-        engine.on_event(_beat("decommissioned", now - 86_400 + seq, seq), now)
-        engine.on_event(_iteration("finished-job", seq, now - 86_400 + seq), now)
-    assert engine.tick(now) == []
+        pipe.feed([_beat("decommissioned", now - 86_400 + seq, seq)], now)
+        pipe.feed([_iteration("finished-job", seq, now - 86_400 + seq)], now)
+    assert pipe.tick(now) == []
+
+
+def test_forgotten_subjects_raise_nothing_here():
+    """After a rebalance moves a partition away, its subjects' silence is not a failure here."""
+    sim = cluster([])
+    pipe = InProcessPipeline()
+    t = sim.start
+    for _ in range(100):
+        t += TICK
+        for group in sim.advance(t):
+            pipe.feed(group, t)
+        pipe.tick(t)
+    pipe.engine.forget(nodes=sim.nodes, jobs=list(sim.jobs))
+    assert pipe.tick(t + 100) == []

@@ -1,39 +1,72 @@
+"""The correlator's bookkeeping on hand-made findings with known causes."""
+
 from __future__ import annotations
 
-from detectors.base import Finding
-from schemas import Subject
-from streams.incidents import MAX_EVIDENCE, IncidentBook
+from schemas import DetectorFinding, Source, Subject, from_seconds
+from streams.detection import DetectionEngine
+from streams.incidents import MAX_EVIDENCE, Correlator, explains
 
 
-def finding(severity=2, onset=10.0, at=12.0, **ev):
-    return Finding("task_hang", severity, onset, at, ev)
+def finding(kind, severity, subject, onset=10.0, status="raised", job_nodes=(), **evidence) -> DetectorFinding:
+    return DetectionEngine._finding(status, kind, severity, subject, onset, "test", "1", evidence, "c",
+                                    list(job_nodes), detected_at=onset + 1)
 
 
-def test_one_incident_many_pieces_of_evidence():
-    book = IncidentBook()
-    subject = Subject(job="j")
-    first = book.raise_finding(finding(rank=0), subject, "hang", "1", "hung")
-    later = [book.raise_finding(finding(rank=r), subject, "hang", "1", "hung") for r in range(1, 1000)]
-    assert first.status == "open" and all(a is None for a in later)
-    [incident] = book.open_incidents()
-    assert incident.evidence_count == 1000 and len(incident.evidence) == MAX_EVIDENCE
+def test_a_thousand_ranks_timing_out_are_one_incident_with_a_thousand_pieces_of_evidence():
+    c = Correlator()
+    alerts = []
+    for rank in range(1000):
+        alerts += c.on_finding(finding("nccl_timeout", 3, Subject(job="j", rank=rank, node=f"n{rank // 8}")), 11.0)
+    assert [a.status for a in alerts] == ["open"]
+    [inc] = c.open_incidents()
+    assert inc.evidence_count == 1000 and len(inc.evidence) == MAX_EVIDENCE
 
 
-def test_worse_severity_updates_the_incident():
-    book = IncidentBook()
-    s = Subject(node="n")
-    a1 = book.raise_finding(finding(severity=3), s, "d", "1", "x")
-    a2 = book.raise_finding(finding(severity=1), s, "d", "1", "x")
-    assert (a2.status, a2.severity, a2.incident_version) == ("update", 1, 2)
-    assert a1.incident_id == a2.incident_id and a1.event_id != a2.event_id
+def test_a_cause_arriving_after_its_symptom_re_roots_the_incident():
+    c = Correlator()
+    [opened] = c.on_finding(finding("task_hang", 2, Subject(job="j"), job_nodes=["n1", "n2"]), 12.0)
+    [update] = c.on_finding(finding("node_lost", 1, Subject(node="n2")), 13.0)
+    assert update.incident_id == opened.incident_id and update.status == "update"
+    assert (update.kind, update.severity, update.subject.node) == ("node_lost", 1, "n2")
 
 
-def test_resolve_closes_and_ids_are_deterministic():
-    b1, b2 = IncidentBook(), IncidentBook()
-    s = Subject(job="j")
-    o1 = b1.raise_finding(finding(), s, "hang", "1", "x")
-    o2 = b2.raise_finding(finding(), s, "hang", "1", "x")
-    assert o1.event_id == o2.event_id
-    r = b1.resolve("task_hang", s, 20.0, "progress")
-    assert r.status == "resolved" and r.incident_version == 2 and not b1.open_incidents()
-    assert b1.resolve("task_hang", s, 21.0, "again") is None
+def test_unrelated_failures_stay_separate():
+    c = Correlator()
+    a = c.on_finding(finding("task_hang", 2, Subject(job="j"), job_nodes=["n1"]), 12.0)
+    b = c.on_finding(finding("node_lost", 1, Subject(node="n9")), 13.0)
+    assert a[0].incident_id != b[0].incident_id and len(c.open_incidents()) == 2
+
+
+def test_cleared_findings_resolve_and_transients_expire():
+    c = Correlator(transient_hold_s=60)
+    f = finding("node_lost", 1, Subject(node="n"))
+    [opened] = c.on_finding(f, 13.0)
+    cleared = f.model_copy(update={"status": "cleared", "event_id": f.event_id.__class__(int=f.event_id.int + 1)})
+    [resolved] = c.on_finding(cleared, 20.0)
+    assert resolved.status == "resolved" and resolved.incident_id == opened.incident_id
+    c.on_finding(finding("process_exit", 2, Subject(job="j", rank=1)), 30.0)
+    assert c.tick(60.0) == []
+    [expired] = c.tick(91.0)
+    assert expired.status == "resolved" and expired.kind == "process_exit"
+
+
+def test_redelivered_findings_are_ignored_and_ids_are_deterministic():
+    f = finding("xid", 1, Subject(node="n", gpu=0), code=79)
+    c1, c2 = Correlator(), Correlator()
+    a1, a2 = c1.on_finding(f, 11.0), c2.on_finding(f, 11.0)
+    assert a1[0].event_id == a2[0].event_id
+    assert c1.on_finding(f, 12.0) == []
+
+
+def test_attribution_rules():
+    comm_slow = finding("fail_slow", 3, Subject(job="j"), job_nodes=["n1", "n2"], slowdown_class="communication")
+    comp_slow = finding("fail_slow", 3, Subject(job="j"), job_nodes=["n1", "n2"], slowdown_class="computation")
+    congestion = finding("congestion", 3, Subject(node="n2", link="n2/mlx5_0:1"))
+    throttle = finding("throttle", 3, Subject(node="n1", gpu=4))
+    assert explains(congestion, comm_slow) and not explains(congestion, comp_slow)
+    assert explains(throttle, comp_slow) and not explains(throttle, comm_slow)
+    assert not explains(finding("congestion", 3, Subject(node="n7", link="n7/mlx5_0:1")), comm_slow)
+    crash = finding("cuda_error", 2, Subject(job="j", rank=3, node="n1"))
+    timeout = finding("nccl_timeout", 3, Subject(job="j", rank=5, node="n2"))
+    assert explains(crash, timeout) and not explains(timeout, crash)
+    assert explains(finding("node_lost", 1, Subject(node="n2")), timeout.model_copy(update={"job_nodes": ["n1", "n2"]}))

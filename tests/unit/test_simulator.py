@@ -88,4 +88,4 @@ def test_invalid_scenarios_are_refused():
 
 def test_demo_scenario_is_valid():
     sim = demo_scenario(start=0.0)
-    assert len(sim.faults) == 3 and len(sim.nodes) == 18
+    assert len(sim.faults) == 4 and len(sim.nodes) == 18
