@@ -135,7 +135,7 @@ def match_faults(faults: list[Fault], alerts: list[SeenAlert]) -> list[dict[str,
             "kind": fault.kind,
             "target": fault.target,
             "injected_at": injected,
-            "expected_alert": "/".join(kinds),
+            "expected_alert": kinds[0] if len(kinds) == 1 else "gpu degraded",
             "expected_severity": severity,
             "detected": hit is not None,
             "alert_kind": hit.alert.kind if hit else None,
@@ -284,7 +284,7 @@ def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tu
             faults: list[Fault], seen: list[SeenAlert]) -> bool:
     console.print()
     console.rule("[bold]scoreboard[/bold]")
-    table = Table("injected fault", "target", "expected", "detected", "severity", "latency (s)")
+    table = Table("injected fault", "target", "expected alert", "found", "sev", "latency s")
     for column in table.columns:
         column.no_wrap = True
     ok = True
@@ -292,7 +292,7 @@ def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tu
         good = row["detected"] and row["severity_ok"]
         ok = ok and good
         table.add_row(
-            row["kind"], row["target"], f"{row['expected_alert']} sev{row['expected_severity']}",
+            row["kind"], row["target"], f"{row['expected_alert']} (sev{row['expected_severity']})",
             "[green]yes[/green]" if row["detected"] else "[red]NO[/red]",
             (f"sev{row['severity']}" if row["severity"] else "-") + ("" if good else " [red]✗[/red]"),
             f"{row['latency_s']:.2f}" if row["latency_s"] is not None else "-",
