@@ -92,6 +92,11 @@ class HeartbeatLoss(Detector):
         return self._finding
 
     @property
+    def timeout_s(self) -> float:
+        """Silence after which the node is lost, at the current interval."""
+        return self.missed_intervals * self._interval
+
+    @property
     def last_seen(self) -> float | None:
         return self._last_seen
 

@@ -18,6 +18,8 @@ class StreamConfig:
     tick_interval_s: float = 0.1
     hang_k: float = 3.0
     heartbeat_missed_intervals: float = 2.5
+    #: How far back a worker replays a partition it takes over, to rebuild state.
+    recovery_window_s: float = 600.0
 
     def kafka_conf(self, **extra: Any) -> dict[str, Any]:
         """librdkafka configuration for this cluster, plus ``extra``."""

@@ -80,6 +80,7 @@ class _JobState:
     # per step: (end, max compute over ranks, min communication over ranks)
     split: list[tuple[float, float, float]] = field(default_factory=list)
     cluster: str = "default"
+    last_arrival: float = float("-inf")
 
 
 @dataclass
@@ -89,6 +90,7 @@ class _NodeState:
     nic: NicCongestion | None = None
     gpu: GpuDegradation | None = None
     cluster: str = "default"
+    last_arrival: float = float("-inf")
 
 
 def _subject_key(subject: Subject) -> str:
@@ -160,6 +162,7 @@ class DetectionEngine:
             state = self._node(node, hb.source.cluster)
             state.heartbeat = HeartbeatLoss(missed_intervals=self.params.heartbeat_missed_intervals,
                                             interval_s=hb.interval_s)
+        state.last_arrival = now
         state.heartbeat.update(t=t, interval_s=hb.interval_s, seq=hb.seq)
         return self._diff_node(node, state.heartbeat, now)
 
@@ -242,6 +245,7 @@ class DetectionEngine:
         if state is None and self._stale(end, now):
             return []
         state = self._job(job, it.source.cluster)
+        state.last_arrival = now
         if it.source.node:
             state.nodes.add(it.source.node)
         # Every rank reports each step: the job progressed when another step ends
@@ -316,6 +320,7 @@ class DetectionEngine:
         if job is None:
             return []
         state = self._job(job, call.source.cluster)
+        state.last_arrival = now
         if call.source.node:
             state.nodes.add(call.source.node)
         # Only rank 0's calls: every rank makes the same sequence.
@@ -336,14 +341,26 @@ class DetectionEngine:
 
     # -- timers ------------------------------------------------------------
     def tick(self, now: float) -> list[DetectorFinding]:
-        """Advance every timer to ``now``; return what that raises or clears."""
+        """Advance every timer to ``now``; return what that raises or clears.
+
+        ``now`` is the clock that event arrivals are stamped with. A silence
+        detector may only fire once its timeout has passed with nothing
+        arriving from its subject: a worker reading a backlog (after a
+        takeover, or while lagging) sees old timestamps that are not silence
+        in the cluster. Onsets stay in event time.
+        """
         out: list[DetectorFinding] = []
         for node, state in self.nodes.items():
             for det in (state.heartbeat, state.xid, state.nic, state.gpu):
-                if det is not None:
-                    det.tick(now)
-                    out += self._diff_node(node, det, now)
+                if det is None:
+                    continue
+                if det is state.heartbeat and now - state.last_arrival <= state.heartbeat.timeout_s:
+                    continue
+                det.tick(now)
+                out += self._diff_node(node, det, now)
         for job, state in self.jobs.items():
+            if now - state.last_arrival <= state.hang.timeout_s:
+                continue
             state.hang.tick(now)
             out += self._diff_job(job, state, state.hang, now)
         return out

@@ -78,6 +78,8 @@ def create_app(config: StreamConfig, app_id: str | None = None, **overrides: Any
         broker_heartbeat_interval=config.heartbeat_interval_s,
         broker_request_timeout=max(40.0, config.session_timeout_s + 5),
         consumer_auto_offset_reset="earliest",
+        # Commit often: a worker that takes over re-reads less.
+        broker_commit_interval=1.0,
         store="memory://",
         web_enabled=False,
         topic_allow_declare=False,

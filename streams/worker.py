@@ -15,6 +15,7 @@ wall clock: this is the outermost layer, the only place that reads it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from streams.detection import DetectionEngine, EngineParams
 from streams.faustapp import VigilApp, create_app
 from streams.incidents import Correlator
 from streams.kafka import dead_letter, refused_event
+from streams.recovery import read_before_committed, read_recent
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,10 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
     findings_topic = raw_topic("finding")
     dlq_topic = raw_topic("dead_letter")
     owns_correlation = {"yes": False}
+    # Cleared while a takeover rebuilds state: agents wait, so nothing newer is
+    # processed (or published) before the replay of what came before.
+    recovered = asyncio.Event()
+    recovered.set()
 
     async def send_dead_letter(dl: Envelope, why: Any) -> None:
         await dlq_topic.send(key=dl.source_topic.encode(), value=encode(dl))  # type: ignore[attr-defined]
@@ -61,17 +67,22 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
         for f in findings:
             await findings_topic.send(key=message_key(f), value=encode(f))
 
+    # Alert ids already on the topic (learned on takeover): never published twice.
+    published: set[Any] = set()
+
     async def publish_alerts(alerts: list[Alert]) -> None:
         for alert in alerts:
+            if alert.event_id in published:
+                continue
             await alerts_topic.send(key=message_key(alert), value=encode(alert))
             log.info("alert %s v%d %s sev%d %s", alert.status, alert.incident_version, alert.kind,
                      alert.severity, alert.subject.model_dump(exclude_none=True))
 
     # Which subjects each partition carried, to forget them when it moves away.
     subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
-
     async def detect(stream: Any) -> None:
         async for event in stream.events():
+            await recovered.wait()
             msg = event.message
             decoded = decode(event.value)
             for err in decoded.errors:
@@ -102,6 +113,7 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
     @app.agent(findings_topic, name="correlate")
     async def correlate(stream: Any) -> None:
         async for event in stream.events():
+            await recovered.wait()
             msg = event.message
             decoded = decode(event.value)
             for err in decoded.errors:
@@ -111,6 +123,8 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                 if isinstance(f, DetectorFinding):
                     await publish_alerts(correlator.on_finding(f, now))
 
+    owned: set[tuple[str, int]] = set()
+
     @app.on_partitions_assigned.connect
     async def on_assigned(app: Any, assigned: Any, **kwargs: Any) -> None:
         # An eager rebalance revokes every partition and hands most of them straight
@@ -119,12 +133,58 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
         for key in [k for k in subjects_of if k not in kept]:
             nodes, jobs = subjects_of.pop(key)
             engine.forget(nodes=nodes, jobs=jobs)
-        owns_correlation["yes"] = (config.topic("finding"), 0) in kept
+        findings_tp = (config.topic("finding"), 0)
+        owns_correlation["yes"] = findings_tp in kept
+        telemetry = {config.topic(t) for t in TELEMETRY}
+        new = {k for k in kept if k not in owned and (k[0] in telemetry or k == findings_tp)}
+        owned.clear()
+        owned.update(kept)
+        if new and config.recovery_window_s > 0:
+            recovered.clear()
+            try:
+                await _recover(sorted(new), findings_tp in new)
+            finally:
+                recovered.set()
+
+    async def _recover(partitions: list[tuple[str, int]], correlation: bool) -> None:
+        """Rebuild detector and incident state from what the previous owner had processed."""
+        loop = asyncio.get_running_loop()
+        now = time.time()
+        conf = config.kafka_conf()
+        records = await loop.run_in_executor(None, lambda: read_before_committed(
+            conf, config.group_id, partitions, config.recovery_window_s, now))
+        findings_topic_name = config.topic("finding")
+        replayed_findings = 0
+        for rec in records:
+            decoded = decode(rec.value)
+            if rec.topic == findings_topic_name:
+                for f in decoded.events:
+                    if isinstance(f, DetectorFinding):
+                        correlator.on_finding(f, rec.timestamp or now)  # alerts were published then
+                        replayed_findings += 1
+                continue
+            nodes, jobs = subjects_of.setdefault((rec.topic, rec.partition), (set(), set()))
+            for ev in decoded.events:
+                key = TOPICS[ev.event_type].key  # type: ignore[attr-defined]
+                (jobs if key == "job" else nodes).add(getattr(ev.source, key) or "")
+            try:
+                engine.on_events(decoded.events, now)  # findings were published then
+            except DetectorError:
+                pass
+        if correlation:
+            recent = await loop.run_in_executor(None, lambda: read_recent(
+                conf, config.topic("alert"), config.recovery_window_s, now))
+            for rec in recent:
+                published.update(a.event_id for a in decode(rec.value).events)
+        log.info("recovered state from %d records (%d findings) of %d partition(s)", len(records),
+                 replayed_findings, len(partitions))
 
     ready = {"written": False}
 
     @app.timer(interval=config.tick_interval_s)
     async def tick() -> None:
+        if not recovered.is_set():
+            return
         now = time.time()
         await publish_findings(engine.tick(now))
         if owns_correlation["yes"]:

@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     fetch_max_wait_ms: int = 20
     tick_interval_s: float = Field(0.1, gt=0, description="How often timer-driven detectors are ticked.")
 
+    recovery_window_s: float = Field(600.0, ge=0, description="Log replayed to rebuild state on takeover.")
+
     # -- detector defaults ---------------------------------------------------
     hang_k: float = Field(3.0, gt=1, description="Hang: no iteration within k x the mean iteration time.")
     heartbeat_missed_intervals: float = Field(2.5, ge=1, description="Node lost after this many missed heartbeats.")

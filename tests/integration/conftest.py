@@ -74,6 +74,7 @@ def history(history_session) -> HistoryStore:
 class WorkerProcess:
     def __init__(self, config: StreamConfig, workdir: Path) -> None:
         self.config = config
+        workdir.mkdir(parents=True, exist_ok=True)
         self.ready = workdir / f"ready-{uuid.uuid4().hex[:6]}"
         self.log = workdir / "worker.log"
         env = dict(os.environ, VIGIL_KAFKA_BOOTSTRAP=config.bootstrap, VIGIL_TOPIC_PREFIX=config.topic_prefix,

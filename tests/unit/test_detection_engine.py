@@ -205,3 +205,16 @@ def test_forgotten_subjects_raise_nothing_here():
         pipe.tick(t)
     pipe.engine.forget(nodes=sim.nodes, jobs=list(sim.jobs))
     assert pipe.tick(t + 100) == []
+
+
+def test_reading_a_backlog_is_not_silence():
+    """A worker that takes over reads 20 s of the past in a burst, ticking as it goes."""
+    sim = cluster([])
+    now = sim.start + 25.0
+    groups = sim.advance(sim.start + 20.0)  # produced over 20 s, read now
+    pipe = InProcessPipeline()
+    alerts = []
+    for i, group in enumerate(groups):
+        alerts += pipe.feed(group, now + i * 1e-4)
+        alerts += pipe.tick(now + i * 1e-4)
+    assert alerts == []
