@@ -85,6 +85,14 @@ def decode_throttle_reasons(mask: int) -> list[str]:
     return [name for bit, name in sorted(THROTTLE_REASONS.items()) if mask & bit]
 
 
+def _median(values: list[float]) -> float:
+    """Median of a handful of peers (a node's GPUs): sorting beats numpy's overhead here."""
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
 @register
 class GpuDegradation(Detector):
     """Per-node GPU degradation detector over one sample of all GPUs per interval.
@@ -268,19 +276,19 @@ class GpuDegradation(Detector):
             if gid in busy:
                 peers = [r["sm_clock"] for p, r in busy.items() if p != gid]
                 if len(peers) >= self.min_peers:
-                    med = float(np.median(peers))
+                    med = _median(peers)
                     clk = row["sm_clock"]
                     slow = med > 0 and clk < (1.0 - self.clock_rel) * med
                     self._step(g["runs"]["clock_below_peers"], slow, t, {"sm_clock": clk, "peer_median": med, "ratio": clk / med if med > 0 else None})
             # temperature
             if gid in temps:
-                peers = np.array([v for p, v in temps.items() if p != gid], dtype=float)
+                peers = [float(v) for p, v in temps.items() if p != gid]
                 temp = temps[gid]
                 hot = temp >= self.temp_limit
                 ev: dict[str, Any] = {"temperature": temp}
                 if len(peers) >= self.min_peers:
-                    med = float(np.median(peers))
-                    mad = float(np.median(np.abs(peers - med)))
+                    med = _median(peers)
+                    mad = _median([abs(v - med) for v in peers])
                     excess = temp - med
                     hot = hot or excess > max(self.temp_margin, self.z * 1.4826 * mad)
                     ev.update(peer_median=med, peer_mad=mad, excess=excess)

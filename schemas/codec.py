@@ -8,11 +8,13 @@ bytes and does not take its neighbours down.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from schemas.envelope import Envelope
 from schemas.errors import DecodeError
@@ -71,11 +73,53 @@ def decode_event(obj: object, raw: bytes) -> Envelope:
         ) from None
 
 
+_TYPE_MARK = re.compile(rb'"event_type"\s*:\s*"([a-z_]+)"')
+_VERSION_MARK = re.compile(rb'"version"\s*:')
+
+
+def _fast(raw: bytes) -> list[Envelope] | None:
+    """Validate a message whose events are all of one type straight from its bytes.
+
+    pydantic's core parses and validates the JSON in one pass, several times
+    faster than json.loads + per-item validation. Returns None when the
+    message is not of that shape or anything in it fails: the slow path then
+    finds which items are bad and why.
+    """
+    marks = _TYPE_MARK.findall(raw)
+    types = set(marks)
+    # One type, and every event states its version (a missing one is not guessed).
+    if len(types) != 1 or len(_VERSION_MARK.findall(raw)) < len(marks):
+        return None
+    model = EVENT_TYPES.get(types.pop().decode())
+    if model is None:
+        return None
+    try:
+        if raw.lstrip()[:1] == b"[":
+            events = _list_adapter(model).validate_json(raw)
+            # Each item must have said its own type (the marker could sit inside a string).
+            return events if len(events) == len(marks) else None
+        return [model.model_validate_json(raw)]
+    except (ValidationError, ValueError):
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _list_adapter(model: type[Envelope]) -> TypeAdapter:
+    return TypeAdapter(list[model])  # type: ignore[valid-type]
+
+
 def decode(raw: bytes | None) -> Decoded:
     """Decode a message value into events; never raises for bad input."""
     out = Decoded()
     if raw is None:
         out.errors.append(DecodeError("empty", "message has no value", b""))
+        return out
+    try:
+        fast = _fast(raw)
+    except RecursionError:
+        fast = None
+    if fast is not None:
+        out.events = fast
         return out
     try:
         parsed = json.loads(raw)
@@ -85,13 +129,14 @@ def decode(raw: bytes | None) -> Decoded:
     except RecursionError:
         out.errors.append(DecodeError("not_json", "JSON nested too deeply to parse", raw))
         return out
-    items = parsed if isinstance(parsed, list) else [parsed]
     single = not isinstance(parsed, list)
+    items = [parsed] if single else parsed
     for index, item in enumerate(items):
-        item_raw = raw if single else json.dumps(item).encode()
         try:
-            out.events.append(decode_event(item, item_raw))
+            out.events.append(decode_event(item, raw if single else b""))
         except DecodeError as err:
             err.index = index
+            if not single:  # the item's own bytes, made only for the bad ones
+                err.raw = json.dumps(item).encode()
             out.errors.append(err)
     return out
