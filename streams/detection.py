@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from detectors import REGISTRY, Detector, Finding, HangDetector, HeartbeatLoss
+from detectors import Detector, Finding, HangDetector, HeartbeatLoss
 from detectors.gpu import GpuDegradation
 from detectors.nic import NicCongestion
 from detectors.period import IterationPeriod
@@ -62,9 +62,8 @@ class EngineParams:
     #: subject: a new consumer group reading an old log must not report every node
     #: that left the cluster long ago as lost.
     max_event_age_s: float = 300.0
-    #: Extra detectors from plugins: name -> class, fed per job with the
-    #: job's iteration time (``update(x, t=...)``).
-    job_plugins: tuple[str, ...] = ()
+    #: Detector plugins (see :mod:`streams.plugins`): fed the events they consume.
+    plugins: tuple[type[Detector], ...] = ()
 
 
 @dataclass
@@ -73,7 +72,6 @@ class _JobState:
     failslow: BOCDVerify
     straggler: StragglerLocalizer
     period: IterationPeriod
-    plugins: dict[str, Detector] = field(default_factory=dict)
     nodes: set[str] = field(default_factory=set)
     last_step: tuple[int, float] | None = None
     step_records: list[IterationTiming] = field(default_factory=list)
@@ -107,6 +105,12 @@ class DetectionEngine:
         self.nodes: dict[str, _NodeState] = {}
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
         self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
+        # plugin instances: (plugin name, "job"|"node", key) -> detector
+        self.plugin_instances: dict[tuple[str, str, str], Detector] = {}
+        self._plugins_for: dict[str, list[type[Detector]]] = {}
+        for cls in params.plugins:
+            for event_type in cls.consumes:  # type: ignore[attr-defined]
+                self._plugins_for.setdefault(event_type, []).append(cls)
 
     # -- inputs ------------------------------------------------------------
     def on_events(self, events: Iterable[Envelope], now: float) -> list[DetectorFinding]:
@@ -114,6 +118,8 @@ class DetectionEngine:
         out: list[DetectorFinding] = []
         gpu_samples: dict[str, list[GpuTelemetry]] = {}
         for event in events:
+            if self._plugins_for:
+                out += self._on_plugins(event, now)
             if isinstance(event, GpuTelemetry):
                 if event.source.node:
                     gpu_samples.setdefault(event.source.node, []).append(event)
@@ -122,6 +128,26 @@ class DetectionEngine:
         for node, samples in gpu_samples.items():
             out += self._on_gpu(node, samples, now)
         return out
+
+    def _on_plugins(self, event: Envelope, now: float) -> list[DetectorFinding]:
+        out: list[DetectorFinding] = []
+        for cls in self._plugins_for.get(event.event_type, ()):  # type: ignore[attr-defined]
+            per = cls.per  # type: ignore[attr-defined]
+            key = getattr(event.source, per)
+            if key is None:
+                continue
+            det = self.plugin_instances.get((cls.name, per, key))
+            if det is None:
+                det = self.plugin_instances[(cls.name, per, key)] = cls()
+            det.update(event, t=to_seconds(event.event_time))
+            out += self._diff_plugin(per, key, det, event.source.cluster, now)
+        return out
+
+    def _diff_plugin(self, per: str, key: str, det: Detector, cluster: str, now: float) -> list[DetectorFinding]:
+        if per == "node":
+            self._node(key, cluster)
+            return self._diff_node(key, det, now)
+        return self._diff_job(key, self._job(key, cluster), det, now)
 
     def on_event(self, event: Envelope, now: float) -> list[DetectorFinding]:
         if isinstance(event, Heartbeat):
@@ -230,11 +256,9 @@ class DetectionEngine:
     def _job(self, job: str, cluster: str) -> _JobState:
         state = self.jobs.get(job)
         if state is None:
-            plugins = {name: REGISTRY[name]() for name in self.params.job_plugins}
             state = self.jobs[job] = _JobState(
                 hang=HangDetector(k=self.params.hang_k, warmup=self.params.hang_warmup),
-                failslow=BOCDVerify(), straggler=StragglerLocalizer(), period=IterationPeriod(),
-                plugins=plugins, cluster=cluster)
+                failslow=BOCDVerify(), straggler=StragglerLocalizer(), period=IterationPeriod(), cluster=cluster)
         return state
 
     def _on_iteration(self, it: IterationTiming, now: float) -> list[DetectorFinding]:
@@ -264,13 +288,9 @@ class DetectionEngine:
         if it.duration_s > 0:
             state.hang.update(it.duration_s, t=end)
             state.failslow.update(it.duration_s, t=end)
-            for det in state.plugins.values():
-                det.update(it.duration_s, t=end)
         out += self._diff_job(job, state, state.hang, now)
         out += self._diff_job(job, state, state.failslow, now,
                               enrich=lambda f, e: self._failslow_class(state, f, e))
-        for det in state.plugins.values():
-            out += self._diff_job(job, state, det, now)
         return out
 
     def _close_step(self, job: str, state: _JobState, now: float) -> list[DetectorFinding]:
@@ -369,16 +389,25 @@ class DetectionEngine:
                 continue
             state.hang.tick(now)
             out += self._diff_job(job, state, state.hang, now)
+        for (_name, per, key), det in self.plugin_instances.items():
+            det.tick(now)
+            cluster = (self.nodes[key].cluster if per == "node" and key in self.nodes else
+                       self.jobs[key].cluster if per == "job" and key in self.jobs else "default")
+            out += self._diff_plugin(per, key, det, cluster, now)
         return out
 
     def forget(self, nodes: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
         """Drop the state of subjects whose partitions moved to another worker."""
         for node in nodes:
             self.nodes.pop(node, None)
+            for k in [k for k in self.plugin_instances if k[1:] == ("node", node)]:
+                del self.plugin_instances[k]
             for key in [k for k in self._reported if k[0] == f"node:{node}"]:
                 del self._reported[key]
         for job in jobs:
             self.jobs.pop(job, None)
+            for k in [k for k in self.plugin_instances if k[1:] == ("job", job)]:
+                del self.plugin_instances[k]
             for key in [k for k in self._reported if k[0] == f"job:{job}"]:
                 del self._reported[key]
 

@@ -57,6 +57,9 @@ def explains(cause: DetectorFinding, symptom: DetectorFinding) -> bool:
     c, s = cause.kind, symptom.kind
     node = cause.subject.node
     job = cause.subject.job
+    # The same kind of finding on the same subject continues one incident.
+    if c == s and subject_key(cause.subject) == subject_key(symptom.subject):
+        return True
     # The same symptom on many ranks of one job is one failure (1000 ranks, 1 incident).
     if c == s and job is not None and symptom.subject.job == job and s in JOB_SYMPTOMS | TRANSIENT:
         return True

@@ -28,6 +28,7 @@ from streams.detection import DetectionEngine, EngineParams
 from streams.faustapp import VigilApp, create_app
 from streams.incidents import Correlator
 from streams.kafka import dead_letter, refused_event
+from streams.plugins import load_plugins
 from streams.recovery import read_before_committed, read_recent
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,10 @@ TELEMETRY = ("heartbeat", "iteration", "collective", "xid", "nic_counters", "gpu
 def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                      params: EngineParams | None = None) -> VigilApp:
     app = create_app(config)
+    plugins = load_plugins()
     engine = DetectionEngine(params or EngineParams(hang_k=config.hang_k,
-                                                    heartbeat_missed_intervals=config.heartbeat_missed_intervals))
+                                                    heartbeat_missed_intervals=config.heartbeat_missed_intervals,
+                                                    plugins=tuple(plugins.values())))
     correlator = Correlator()
     app.detection_engine = engine  # type: ignore[attr-defined]
     app.correlator = correlator  # type: ignore[attr-defined]
@@ -178,6 +181,12 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                 published.update(a.event_id for a in decode(rec.value).events)
         log.info("recovered state from %d records (%d findings) of %d partition(s)", len(records),
                  replayed_findings, len(partitions))
+
+    @app.task
+    async def announce() -> None:
+        # Logged once the worker's logging is set up (plugins load before that).
+        for name, cls in plugins.items():
+            log.info("loaded detector plugin %s (%s.%s)", name, cls.__module__, cls.__qualname__)
 
     ready = {"written": False}
 
