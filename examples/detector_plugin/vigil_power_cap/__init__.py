@@ -46,7 +46,7 @@ class PowerCap(Detector):
             return
         over = self._over.setdefault(event.source.gpu, [])
         if event.power_w > self.cap_w:
-            over.append(t)
+            over.append(float(t))
         else:
             over.clear()
 
