@@ -18,6 +18,7 @@ engine and ticks it; tests and replays drive it directly on simulated time.
 from __future__ import annotations
 
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -62,6 +63,9 @@ class EngineParams:
     #: subject: a new consumer group reading an old log must not report every node
     #: that left the cluster long ago as lost.
     max_event_age_s: float = 300.0
+    #: Events stamped further ahead of the worker's clock than this are refused
+    #: (a node with a broken clock must not hold a subject "alive" for hours).
+    max_future_s: float = 60.0
     #: Detector plugins (see :mod:`streams.plugins`): fed the events they consume.
     plugins: tuple[type[Detector], ...] = ()
 
@@ -107,17 +111,31 @@ class DetectionEngine:
         self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
         # plugin instances: (plugin name, "job"|"node", key) -> detector
         self.plugin_instances: dict[tuple[str, str, str], Detector] = {}
+        # Recently seen event ids: a duplicated event is processed once.
+        self._seen_ids: OrderedDict[uuid.UUID, None] = OrderedDict()
         self._plugins_for: dict[str, list[type[Detector]]] = {}
         for cls in params.plugins:
             for event_type in cls.consumes:  # type: ignore[attr-defined]
                 self._plugins_for.setdefault(event_type, []).append(cls)
 
     # -- inputs ------------------------------------------------------------
+    def future(self, event: Envelope, now: float) -> bool:
+        """Is the event stamped implausibly far ahead of ``now``? (The caller dead-letters it.)"""
+        return to_seconds(event.event_time) > now + self.params.max_future_s
+
     def on_events(self, events: Iterable[Envelope], now: float) -> list[DetectorFinding]:
-        """Feed one message's events; return the findings they raise or clear."""
+        """Feed one message's events; return the findings they raise or clear.
+
+        Duplicated event ids and events from the future are skipped here.
+        """
         out: list[DetectorFinding] = []
         gpu_samples: dict[str, list[GpuTelemetry]] = {}
         for event in events:
+            if event.event_id in self._seen_ids or self.future(event, now):
+                continue
+            self._seen_ids[event.event_id] = None
+            if len(self._seen_ids) > 200_000:
+                self._seen_ids.popitem(last=False)
             if self._plugins_for:
                 out += self._on_plugins(event, now)
             if isinstance(event, GpuTelemetry):

@@ -53,8 +53,13 @@ def dead_letter(err: DecodeError, topic: str, partition: int, offset: int,
     )
 
 
-def refused_event(event: Envelope, why: str, topic: str, partition: int, offset: int) -> DeadLetter:
-    """A valid event that a consumer could not use (the store or a detector refused it)."""
+def refused_event(event: Envelope, why: str, topic: str, partition: int, offset: int,
+                  raw: bytes | None = None) -> DeadLetter:
+    """A valid event that a consumer could not use (the store or a detector refused it).
+
+    ``raw`` is the message as read when it held this event alone; otherwise the
+    event is kept re-encoded (same content, canonical bytes).
+    """
     return DeadLetter(
         event_id=uuid.uuid5(_DEAD_LETTER_NS, f"refused/{event.event_id}"),
         event_time=event.event_time,
@@ -64,7 +69,7 @@ def refused_event(event: Envelope, why: str, topic: str, partition: int, offset:
         source_topic=topic,
         source_partition=partition,
         source_offset=offset,
-        raw_b64=base64.b64encode(encode(event)).decode(),
+        raw_b64=base64.b64encode(raw if raw is not None else encode(event)).decode(),
     )
 
 

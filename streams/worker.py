@@ -97,8 +97,16 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                     jobs.add(ev.source.job)
                 elif key == "node" and ev.source.node:
                     nodes.add(ev.source.node)
+            now = time.time()
+            for ev in decoded.events:
+                if engine.future(ev, now):
+                    await send_dead_letter(refused_event(
+                        ev, f"event_time {ev.event_time.isoformat()} is more than {engine.params.max_future_s:.0f} s "
+                            "ahead of the worker's clock (check the node's clock)",
+                        msg.topic, msg.partition, msg.offset,
+                        raw=event.value if len(decoded.events) == 1 else None), "event from the future")
             try:
-                findings = engine.on_events(decoded.events, time.time())
+                findings = engine.on_events(decoded.events, now)
             except DetectorError:
                 findings = []
                 # One event a detector cannot use: find it, keep it, go on with the rest.

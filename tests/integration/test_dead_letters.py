@@ -38,6 +38,10 @@ def test_each_kind_of_bad_input_is_dead_lettered_and_processing_continues(config
         "invalid:seq": json.dumps({k: v for k, v in good.items() if k != "seq"}).encode(),  # missing field
         "invalid:interval_s": json.dumps({**good, "interval_s": "fast"}).encode(),  # wrong type
         "invalid:event_time": json.dumps({**good, "event_time": "yesterday"}).encode(),
+        # valid, but stamped a year ahead: refused by the detectors, still stored by the history
+        "refused": json.dumps({**good, "event_id": "00000000-0000-0000-0000-0000000000ff",
+                               "source": {"node": "skewed-node"},
+                               "event_time": f"{time.gmtime().tm_year + 1}-01-01T00:00:00Z"}).encode(),
     }
     producer = Producer(config.kafka_conf())
     sent = {}
@@ -88,6 +92,6 @@ def test_each_kind_of_bad_input_is_dead_lettered_and_processing_continues(config
             return n == len(bad_inputs) + 1
         assert wait_for(stored, 30)
         rows = history.query(f"SELECT node, count() FROM {history.database}.heartbeats GROUP BY node ORDER BY node").rows
-        assert rows == [("batch-node", 3), ("good-node", 5)]
+        assert rows == [("batch-node", 3), ("good-node", 5), ("skewed-node", 1)]
     finally:
         sink.stop()

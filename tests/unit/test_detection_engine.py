@@ -218,3 +218,15 @@ def test_reading_a_backlog_is_not_silence():
         alerts += pipe.feed(group, now + i * 1e-4)
         alerts += pipe.tick(now + i * 1e-4)
     assert alerts == []
+
+
+def test_duplicated_events_and_events_from_the_future_are_skipped():
+    engine = DetectionEngine()
+    now = 1000.0
+    beat = _beat("n", now, 0)
+    assert engine.on_events([beat, beat], now) == []
+    assert engine.nodes["n"].heartbeat.last_seen == now
+    future = _beat("n", now + 3600, 1)
+    assert engine.future(future, now)
+    engine.on_events([future], now)
+    assert engine.nodes["n"].heartbeat.last_seen == now  # an hour-ahead clock does not keep the node alive
