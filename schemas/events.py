@@ -269,9 +269,63 @@ class DeadLetter(Envelope):
     raw_b64: str = Field(description="The raw message bytes, base64-encoded.")
 
 
+# --- what the producers say about themselves (issue 8) -------------------------
+
+
+class AgentHealth(Envelope):
+    """A node-agent collector failed, or recovered after failing.
+
+    A collector reports each distinct problem once (``failed``), keeps running,
+    and reports ``recovered`` once the problem is gone; repeats in between are
+    only counted.
+    """
+
+    event_type: Literal["agent_health"] = Field("agent_health", description="Event type tag.")
+    collector: str = Field(min_length=1, description="Collector name, e.g. nvml, kmsg, nic, watchdog.disk.")
+    status: Literal["failed", "recovered"] = Field(description="failed: a new problem; recovered: it is gone.")
+    problem: str = Field(min_length=1, description="Stable key of the problem, e.g. the unreadable path or the error class.")
+    detail: str = Field("", description="What failed, where, and what was expected.")
+    occurrences: int = Field(1, ge=1, description="How many times the problem was seen (on recovery: in total).")
+
+
+class EventsDropped(Envelope):
+    """Events a producer had to discard (its local spool was full): never silent."""
+
+    event_type: Literal["events_dropped"] = Field("events_dropped", description="Event type tag.")
+    count: int = Field(ge=0, description="Number of events discarded.")
+    messages: int = Field(ge=0, description="Number of Kafka messages (single events or batches) discarded.")
+    by_type: dict[str, int] = Field(default_factory=dict, description="Discarded events per event type.")
+    reason: str = Field(min_length=1, description="Why: spool_full, record_too_large, hook_buffer_full...")
+    component: str = Field(min_length=1, description="What dropped them: publisher spool, training hook buffer...")
+
+
+class WatchdogReport(Envelope):
+    """One check of a long-run watchdog: a level, its trend and the time left.
+
+    ``rate_per_s`` is the trend of ``used`` (bytes written per second, inodes
+    used per second, memory growth per second) and ``time_to_limit_s`` the
+    estimated seconds until ``used`` reaches ``limit`` at that rate (unset
+    when it is not growing).
+    """
+
+    event_type: Literal["watchdog"] = Field("watchdog", description="Event type tag.")
+    check: Literal["disk_space", "disk_inodes", "host_memory", "gpu_memory", "job_liveness", "log_staleness"] = Field(
+        description="What was checked."
+    )
+    target: str = Field(min_length=1, description="What it was checked on: a path, a job id, a log file, a GPU.")
+    status: Literal["ok", "warning", "critical"] = Field(description="Verdict of the check.")
+    summary: str = Field("", description="One line for a human.")
+    used: float | None = Field(None, ge=0, description="Amount in use (bytes, inodes, seconds since the log was written).")
+    limit: float | None = Field(None, ge=0, description="Capacity or allowed value (total bytes or inodes, expected interval).")
+    used_fraction: float | None = Field(None, ge=0, description="used / limit, when both are known.")
+    rate_per_s: float | None = Field(None, description="Trend of ``used`` per second over the watchdog's window.")
+    time_to_limit_s: float | None = Field(None, ge=0, description="Estimated seconds until ``used`` reaches ``limit`` at that rate.")
+
+
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     IterationTiming, CollectiveCall, XidError, NicCounters, GpuTelemetry, Heartbeat,
     ProcessExit, TrainingException, JobState, NodeState, DetectorFinding, Alert, Decision, ActionResult, DeadLetter,
+    AgentHealth, EventsDropped, WatchdogReport,
 )
 
 #: event_type -> model

@@ -60,6 +60,9 @@ TABLE_SPECS: dict[str, TableSpec] = {
         TableSpec("decision", "decisions", ("event_time", "decision_id", "event_id")),
         TableSpec("action_result", "actions", ("decision_id", "event_time", "event_id")),
         TableSpec("dead_letter", "dead_letters", ("source_topic", "event_time", "event_id")),
+        TableSpec("agent_health", "agent_health", ("node", "collector", "event_time", "event_id")),
+        TableSpec("events_dropped", "events_dropped", ("node", "event_time", "event_id")),
+        TableSpec("watchdog", "watchdog_reports", ("node", "check", "event_time", "event_id")),
     )
 }
 
@@ -139,7 +142,8 @@ def _columns_of(model: type[BaseModel], prefix: str, path: tuple[str, ...]) -> l
 
 
 # Small sets of repeated values: dictionary-encoded.
-_LOW_CARD = {"cluster", "node", "job", "event_type", "kind", "backend", "device", "group", "source_topic", "reason", "category", "exc_type"}
+_LOW_CARD = {"cluster", "node", "job", "event_type", "kind", "backend", "device", "group", "source_topic", "reason", "category", "exc_type",
+             "collector", "check", "component", "target"}
 
 
 def columns(event_type: str) -> list[Column]:

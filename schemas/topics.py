@@ -45,6 +45,9 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("decisions", "decision", "job", 4, "Decisions of the decision engine."),
         TopicSpec("actions", "action_result", "decision", 4, "Actuator results."),
         TopicSpec("deadletter", "dead_letter", "source_topic", 1, "Messages that could not be processed."),
+        TopicSpec("telemetry.agent", "agent_health", "node", 4, "Node-agent collector failures and recoveries."),
+        TopicSpec("telemetry.dropped", "events_dropped", "node", 1, "Counts of events producers had to discard."),
+        TopicSpec("telemetry.watchdogs", "watchdog", "node", 4, "Disk, memory, job-liveness and log-staleness checks."),
     )
 }
 

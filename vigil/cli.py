@@ -321,6 +321,16 @@ def migrate() -> None:
     console.print(f"history tables ready in {settings.resolved_clickhouse_dsn} ({settings.clickhouse_database})")
 
 
+def _register_producer_commands() -> None:
+    from vigil.agent_cli import agent, bench_hooks
+
+    app.command("agent")(agent)
+    bench_app.command("hooks")(bench_hooks)
+
+
+_register_producer_commands()
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,142 @@
+"""The node agent: every collector on its own thread and interval; one publisher; survives anything.
+
+Each collector runs in its own daemon thread at its own interval, so a slow
+or hung collector (NVML can hang on a sick GPU) delays nobody else. A run
+that raises, or reports problems, goes through the :class:`HealthTracker`:
+each problem is published once as an ``agent_health`` event, and again as
+``recovered`` when it clears. Events of one run are grouped by type and key
+into one Kafka message each.
+
+The main thread serves the publisher (``poll``), which is what notices a
+broker outage, spools, and replays the spool when the broker is back; the
+agent itself never stops for the broker. With a process supervisor the agent
+exits once every supervised process has exited (after a last collection, so
+their exits are published), with torchrun's exit code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+from typing import Any, Callable, Sequence
+
+from producers.agent.base import Collector, HealthTracker
+from schemas import Envelope, Source, message_key
+from schemas.envelope import utcnow
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Agent"]
+
+
+class Agent:
+    def __init__(self, collectors: Sequence[Collector], publisher: Any, source: Source, *,
+                 clock: Callable[[], datetime] = utcnow, supervisor: Any = None, batcher: Any = None) -> None:
+        self.collectors = list(collectors)
+        self.publisher = publisher
+        self.source = source
+        self.health = HealthTracker(source)
+        self.supervisor = supervisor
+        self.batcher = batcher
+        self._clock = clock
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.runs: dict[str, int] = {c.name: 0 for c in self.collectors}
+        self.failures: dict[str, int] = {c.name: 0 for c in self.collectors}
+
+    # -- one collection (also what tests drive) ------------------------------------------------------
+
+    def run_once(self, collector: Collector, now: datetime) -> list[Envelope]:
+        """Collect once; return its events followed by any health events. Never raises."""
+        try:
+            events = list(collector.collect(now))
+        except Exception as exc:  # a collector failing is data, not a crash
+            events = []
+            collector.problem(f"error:{type(exc).__name__}", f"{collector.name}: {exc}")
+            self.failures[collector.name] = self.failures.get(collector.name, 0) + 1
+        self.runs[collector.name] = self.runs.get(collector.name, 0) + 1
+        try:
+            health = self.health.update(collector.name, collector.take_problems(), now)
+        except Exception:  # pragma: no cover - the tracker builds plain events
+            log.exception("health tracking failed for %s", collector.name)
+            health = []
+        for h in health:
+            (log.warning if h.status == "failed" else log.info)("%s %s: %s", collector.name, h.status, h.detail)
+        return events + list(health)
+
+    def publish(self, events: Sequence[Envelope]) -> None:
+        groups: dict[tuple[str, bytes], list[Envelope]] = {}
+        for ev in events:
+            groups.setdefault((ev.event_type, message_key(ev)), []).append(ev)  # type: ignore[attr-defined]
+        for group in groups.values():
+            try:
+                self.publisher.publish(group)
+            except Exception:
+                log.exception("publishing %d %s events failed", len(group), group[0].event_type)  # type: ignore[attr-defined]
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def _loop(self, c: Collector) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self.publish(self.run_once(c, self._clock()))
+            next_at += c.interval_s
+            delay = next_at - time.monotonic()
+            if delay < 0:  # fell behind (a slow run): skip, do not burst
+                next_at = time.monotonic() + c.interval_s
+                delay = c.interval_s
+            if self._stop.wait(delay):
+                break
+
+    def start(self) -> None:
+        if self.batcher is not None:
+            self.batcher.start()
+        if self.supervisor is not None:
+            self.supervisor.start()
+        for c in self.collectors:
+            t = threading.Thread(target=self._loop, args=(c,), name=f"vigil-agent:{c.name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> int:
+        """Run until ``stop`` is set, ``duration_s`` passes, or the supervised processes are done."""
+        self.start()
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        try:
+            while not self._stop.is_set():
+                self.publisher.poll(0.1)
+                if stop is not None and stop.is_set():
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                if self.supervisor is not None and self.supervisor.done:
+                    break
+        except KeyboardInterrupt:
+            pass
+        finally:
+            self.stop()
+        return self.supervisor.exit_code if self.supervisor is not None else 0
+
+    def stop(self, flush_timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5.0)
+        if self.supervisor is not None:
+            if not self.supervisor.done:
+                self.supervisor.terminate()
+            self.publish(self.run_once(self.supervisor, self._clock()))  # their exits
+        if self.batcher is not None:
+            self.batcher.stop()
+        for c in self.collectors:
+            try:
+                c.close()
+            except Exception:
+                log.exception("closing %s", c.name)
+        left = self.publisher.flush(flush_timeout_s)
+        if left:
+            log.warning("%d messages not delivered at exit; they stay in the spool for the next start", left)
+        close = getattr(self.publisher, "close", None)
+        if close is not None:
+            close(0.1)

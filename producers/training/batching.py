@@ -1,0 +1,152 @@
+"""Node-local batching: the ranks of one node send records here; batches leave the node.
+
+:class:`NodeBatcher` listens on a Unix datagram socket (``$VIGIL_HOOKS_SOCKET``;
+the node agent runs one), turns the ranks' compact records into events
+(:func:`~producers.training.wire.records_to_events`), groups them by event
+type and key (all ranks' iteration timings of a job are one group) and
+publishes each group as one Kafka message every ``max_delay_s`` or when
+``max_events`` are waiting. Kafka sees a handful of messages per interval
+per node instead of one per rank per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from producers.training.wire import decode_datagram, records_to_events
+from schemas import Envelope, message_key
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NodeBatcher", "default_hooks_socket"]
+
+
+def default_hooks_socket() -> Path:
+    return Path(os.environ.get("VIGIL_HOOKS_SOCKET") or "/tmp/vigil-hooks.sock")
+
+
+class NodeBatcher:
+    """Receive hook datagrams on ``path``; publish batched events through ``publisher``.
+
+    ``publisher`` needs ``publish(events)`` and ``poll(timeout)`` (a
+    :class:`~producers.publisher.Publisher`). Runs in a daemon thread after
+    :meth:`start`; :meth:`stop` flushes what is pending.
+    """
+
+    def __init__(self, path: str | os.PathLike, publisher: Any, max_delay_s: float = 0.2,
+                 max_events: int = 2000) -> None:
+        self.path = Path(path)
+        self.publisher = publisher
+        self.max_delay_s = max_delay_s
+        self.max_events = max_events
+        self.received = 0
+        self.bad = 0
+        self.published_events = 0
+        self.published_messages = 0
+        self._groups: dict[tuple[str, bytes], list[Envelope]] = {}
+        self._waiting = 0
+        self._oldest: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        except OSError:
+            pass
+        self._sock.bind(str(self.path))
+        os.chmod(self.path, 0o666)  # training processes may run as another user
+        self._sock.settimeout(0.05)
+
+    def start(self) -> "NodeBatcher":
+        self._thread = threading.Thread(target=self._run, name="vigil-node-batcher", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.step(time.monotonic())
+
+    def step(self, now: float) -> None:
+        """Receive what is waiting (up to one timeout), publish what is due."""
+        try:
+            data = self._sock.recv(1 << 20)
+            self._ingest(data, now)
+            while True:  # drain without waiting
+                self._sock.setblocking(False)
+                try:
+                    self._ingest(self._sock.recv(1 << 20), now)
+                except (BlockingIOError, InterruptedError):
+                    break
+                finally:
+                    self._sock.settimeout(0.05)
+        except socket.timeout:
+            pass
+        except OSError:
+            if self._stop.is_set():
+                return
+            raise
+        if self._waiting and (self._waiting >= self.max_events or (self._oldest is not None and now - self._oldest >= self.max_delay_s)):
+            self.flush()
+        else:
+            self.publisher.poll(0)
+
+    def _ingest(self, data: bytes, now: float) -> None:
+        self.received += 1
+        try:
+            source, records = decode_datagram(data)
+            events, errors = records_to_events(source, records)
+        except (ValueError, TypeError) as exc:
+            self.bad += 1
+            log.warning("bad hook datagram (%d bytes): %s", len(data), exc)
+            return
+        if errors:
+            self.bad += len(errors)
+            log.warning("bad hook records: %s", "; ".join(errors[:3]))
+        urgent = False
+        for ev in events:
+            self._groups.setdefault((ev.event_type, message_key(ev)), []).append(ev)  # type: ignore[attr-defined]
+            urgent = urgent or ev.event_type == "training_exception"  # type: ignore[attr-defined]
+        self._waiting += len(events)
+        if self._oldest is None and events:
+            self._oldest = now
+        if urgent:  # the process may be exiting: no batching delay
+            self.flush()
+
+    def flush(self) -> None:
+        groups, self._groups = self._groups, {}
+        self._waiting = 0
+        self._oldest = None
+        for group in groups.values():
+            self.publisher.publish(group)
+            self.published_events += len(group)
+            self.published_messages += 1
+        self.publisher.poll(0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        # Whatever arrived before the stop is still published.
+        try:
+            self._sock.setblocking(False)
+            while True:
+                self._ingest(self._sock.recv(1 << 20), time.monotonic())
+        except (BlockingIOError, InterruptedError, OSError):
+            pass
+        self.flush()
+        self._sock.close()
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass

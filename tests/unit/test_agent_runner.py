@@ -1,0 +1,142 @@
+"""The agent runner: collectors fail independently, problems are reported once, process exits, no broker."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from producers.agent import Agent, Collector, HeartbeatCollector, ProcessSupervisor
+from producers.agent.process import PidWatcher
+from producers.publisher import Publisher
+from schemas import Heartbeat, ProcessExit, Source
+from schemas.events import AgentHealth
+from vigil.broker import free_port
+
+SRC = Source(node="n1", cluster="c1")
+
+
+class ListPublisher:
+    def __init__(self) -> None:
+        self.events: list = []
+        self.lock = threading.Lock()
+
+    def publish(self, events) -> None:
+        with self.lock:
+            self.events.extend(events)
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        time.sleep(min(timeout_s, 0.01))
+
+    def flush(self, timeout_s: float = 0.0) -> int:
+        return 0
+
+
+class Broken(Collector):
+    name = "broken"
+
+    def collect(self, now):
+        raise OSError("sensor gone")
+
+
+class Hanging(Collector):
+    name = "hanging"
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.release = threading.Event()
+
+    def collect(self, now):
+        self.release.wait(10)
+        return []
+
+
+def wait_until(pred, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def test_heartbeats_continue_while_other_collectors_fail_or_hang():
+    pub = ListPublisher()
+    hb = HeartbeatCollector(0.02, SRC)
+    hang = Hanging(0.02, SRC)
+    agent = Agent([hb, Broken(0.02, SRC), hang], pub, SRC)
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, kwargs={"stop": stop})
+    t.start()
+    try:
+        assert wait_until(lambda: sum(isinstance(e, Heartbeat) for e in pub.events) >= 10, 10)
+        assert wait_until(lambda: agent.runs["broken"] >= 5, 10)
+    finally:
+        hang.release.set()
+        stop.set()
+        t.join(10)
+    seqs = [e.seq for e in pub.events if isinstance(e, Heartbeat)]
+    assert seqs == list(range(len(seqs)))
+    health = [e for e in pub.events if isinstance(e, AgentHealth)]
+    assert [(h.collector, h.status, h.problem) for h in health] == [("broken", "failed", "error:OSError")]
+    assert "sensor gone" in health[0].detail
+
+
+def test_supervisor_launches_ranks_like_torchrun_and_reports_exits(tmp_path):
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, signal, sys\n"
+        "open(os.path.join(sys.argv[1], 'env' + os.environ['LOCAL_RANK']), 'w').write("
+        "','.join(os.environ[k] for k in ('RANK','LOCAL_RANK','WORLD_SIZE','LOCAL_WORLD_SIZE','MASTER_ADDR','MASTER_PORT','VIGIL_JOB','VIGIL_NODE')))\n"
+        "lr = int(os.environ['LOCAL_RANK'])\n"
+        "if lr == 1: sys.exit(3)\n"
+        "if lr == 2: os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    src = Source(node="n1", job="job-9")
+    sup = ProcessSupervisor(0.05, src, [sys.executable, str(script), str(tmp_path)], nproc=3, nnodes=2, node_rank=1,
+                            master_addr="10.0.0.1", master_port=29511)
+    pub = ListPublisher()
+    agent = Agent([sup], pub, src, supervisor=sup)
+    code = agent.run(duration_s=30)
+    exits = sorted((e for e in pub.events if isinstance(e, ProcessExit)), key=lambda e: e.local_rank)
+    assert [(e.local_rank, e.exit_code, e.signal) for e in exits] == [(0, 0, None), (1, 3, None), (2, None, signal.SIGKILL)]
+    assert [e.source.rank for e in exits] == [3, 4, 5]
+    assert code == 3
+    env0 = (tmp_path / "env0").read_text().split(",")
+    assert env0 == ["3", "0", "6", "3", "10.0.0.1", "29511", "job-9", "n1"]
+
+
+def test_pid_watcher_reports_an_exit(tmp_path):
+    import subprocess
+
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    w = PidWatcher(0.05, SRC, [p.pid])
+    now = datetime.now(timezone.utc)
+    assert wait_until(lambda: w.collect(now) == [] and "sleep" in w._cmd.get(p.pid, ""), 10)
+    p.kill()
+    p.wait()
+    (e,) = w.collect(now)
+    assert isinstance(e, ProcessExit) and e.pid == p.pid and e.exit_code is None and "sleep" in e.command
+    assert w.collect(now) == [] and w.done
+
+
+def test_agent_runs_with_no_broker_at_all_and_spools(tmp_path):
+    """No broker listening: the agent keeps collecting; heartbeats wait in the spool."""
+    pub = Publisher({"bootstrap.servers": f"127.0.0.1:{free_port()}"}, "t", spool_dir=tmp_path / "spool",
+                    message_timeout_ms=1000, probe_interval_s=0.2)
+    hb = HeartbeatCollector(0.05, SRC)
+    agent = Agent([hb, Broken(0.05, SRC)], pub, SRC)
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, kwargs={"stop": stop})
+    t.start()
+    try:
+        assert wait_until(lambda: pub.spooling and pub.spool is not None and len(pub.spool) >= 10, 15)
+    finally:
+        stop.set()
+        t.join(15)
+    assert not t.is_alive()
+    assert hb.seq >= 10

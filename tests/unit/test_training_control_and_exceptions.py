@@ -1,0 +1,141 @@
+"""Exception capture (classified, published before exit) and the control channel."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from producers.training import (
+    CallbackSink, Command, ControlError, NodeBatcher, TrainingMonitor, classify_exception, send_command,
+)
+from schemas import TrainingException
+
+
+@pytest.mark.parametrize("exc, category", [
+    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 79.15 GiB total capacity)"), "out_of_memory"),
+    (MemoryError(), "out_of_memory"),
+    (RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be asynchronously reported"), "illegal_memory_access"),
+    (RuntimeError("CUDA error: device-side assert triggered"), "cuda_error"),
+    (RuntimeError("NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:219, unhandled cuda error, NCCL version 2.18.1"), "nccl_error"),
+    (RuntimeError("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600409 milliseconds before timing out."), "nccl_timeout"),
+    (ConnectionResetError(104, "Connection reset by peer"), "connection_reset"),
+    (KeyError("x"), "other"),
+])
+def test_classification(exc, category):
+    assert classify_exception(exc) == category
+
+
+def test_classification_follows_the_cause():
+    try:
+        try:
+            raise RuntimeError("NCCL communicator was aborted")
+        except RuntimeError as inner:
+            raise ValueError("step failed") from inner
+    except ValueError as outer:
+        assert classify_exception(outer) == "nccl_error"
+
+
+def test_uncaught_exceptions_in_main_and_other_threads_are_published_before_exit(tmp_path):
+    published: list = []
+
+    class Pub:
+        def publish(self, events):
+            published.extend(events)
+
+        def poll(self, timeout_s=0.0):
+            pass
+
+    sock = tmp_path / "h.sock"
+    batcher = NodeBatcher(sock, Pub())
+    script = textwrap.dedent(f"""
+        import threading
+        from producers.training import TrainingMonitor, UnixDatagramSink
+        mon = TrainingMonitor(UnixDatagramSink({str(sock)!r}), job="j", rank=2, node="n")
+        mon.install_exception_hooks()
+        t = threading.Thread(target=lambda: (_ for _ in ()).throw(RuntimeError("NCCL error: remote process exited")), name="loader")
+        t.start(); t.join()
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "CUDA out of memory" in p.stderr  # the original hook still ran
+    for _ in range(20):
+        batcher.step(time.monotonic())
+    batcher.stop()
+    exc = sorted((e for e in published if isinstance(e, TrainingException)), key=lambda e: e.thread)
+    assert [(e.thread, e.category.value, e.exc_type) for e in exc] == [
+        ("MainThread", "out_of_memory", "RuntimeError"), ("loader", "nccl_error", "RuntimeError")]
+    assert all(e.source.rank == 2 and "Traceback" in e.traceback for e in exc)
+
+
+def test_control_channel_checkpoint_and_save_and_exit(tmp_path):
+    saved: list[int] = []
+    mon = TrainingMonitor(CallbackSink(lambda ev: None), job="job/1", rank=0)
+    ch = mon.start_control(tmp_path / "ctl.sock", on_checkpoint=saved.append)
+    try:
+        with mon.step(0) as s:
+            pass
+        assert not s.commands
+        assert send_command(ch.path, "checkpoint")["ok"]
+        with mon.step(1) as s:
+            pass
+        assert s.checkpoint_requested and not s.exit_requested and saved == [1]
+        send_command(ch.path, Command.save_and_exit)
+        with mon.step(2) as s:
+            pass
+        assert s.exit_requested and mon.exit_requested and saved == [1, 2]
+        with pytest.raises(ControlError, match="refused|expected"):
+            import json, socket as so
+
+            # a malformed command is refused with a reason
+            c = so.socket(so.AF_UNIX, so.SOCK_DGRAM)
+            c.bind("\0vigil-test-bad")
+            c.settimeout(5)
+            c.sendto(json.dumps({"command": "format_disk"}).encode(), str(ch.path))
+            reply = json.loads(c.recv(4096))
+            c.close()
+            raise ControlError(reply["error"])
+    finally:
+        mon.close()
+    with pytest.raises(ControlError, match="no training process"):
+        send_command(tmp_path / "ctl.sock", "checkpoint", timeout_s=1)
+
+
+def test_retry_step_in_place_after_a_failed_step(tmp_path):
+    got: list = []
+    mon = TrainingMonitor(CallbackSink(got.extend), job="j", rank=0, retry_wait_s=5.0)
+    ch = mon.start_control(tmp_path / "ctl.sock")
+    attempts = []
+    step = 0
+    try:
+        while step < 3:
+            with mon.step(step) as s:
+                attempts.append(step)
+                if step == 1 and attempts.count(1) == 1:
+                    # the decision engine answers the published exception with "retry in place"
+                    import threading
+
+                    threading.Timer(0.1, send_command, args=(ch.path, "retry_step")).start()
+                    raise RuntimeError("[Rank 0] Watchdog caught collective operation timeout: ran for 1800000 milliseconds before timing out")
+            if s.retry:
+                continue
+            step += 1
+    finally:
+        mon.close()
+    assert attempts == [0, 1, 1, 2]
+    exc = [e for e in got if isinstance(e, TrainingException)]
+    assert [e.category.value for e in exc] == ["nccl_timeout"]
+
+
+def test_failed_step_without_a_retry_command_raises(tmp_path):
+    mon = TrainingMonitor(CallbackSink(lambda ev: None), job="j", rank=0, retry_wait_s=0.05)
+    mon.start_control(tmp_path / "ctl.sock")
+    try:
+        with pytest.raises(ZeroDivisionError):
+            with mon.step(0):
+                1 / 0
+    finally:
+        mon.close()

@@ -1,0 +1,174 @@
+"""Training hooks without a broker: steps, collectives (real torch.distributed, gloo, world of 1), sinks."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from producers.training import CallbackSink, NodeBatcher, TrainingMonitor, UnixDatagramSink
+from schemas import CollectiveCall, IterationTiming
+from schemas.events import EventsDropped
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1_700_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(clock=None, **kw):
+    got: list = []
+    mon = TrainingMonitor(CallbackSink(got.extend), job="j1", rank=3, node="n1", dp=1, pp=0, tp=1,
+                          clock=clock or time.time, **kw)
+    return mon, got
+
+
+def test_step_records_compute_and_communication_with_coordinates():
+    clock = FakeClock()
+    mon, got = make(clock, flush_interval_s=0.0)
+    with mon.step(7):
+        clock.t += 0.30  # compute
+        mon.record_collective("all_reduce", "dp:1", 1024, clock.t, clock.t + 0.10)
+        clock.t += 0.10
+    (it,) = [e for e in got if isinstance(e, IterationTiming)]
+    assert (it.step, it.dp, it.pp, it.tp) == (7, 1, 0, 1)
+    assert it.duration_s == pytest.approx(0.4) and it.communication_s == pytest.approx(0.1)
+    assert it.compute_s == pytest.approx(0.3)
+    assert (it.source.job, it.source.rank, it.source.node) == ("j1", 3, "n1")
+    (cc,) = [e for e in got if isinstance(e, CollectiveCall)]
+    assert (cc.op.value, cc.group, cc.nbytes) == ("all_reduce", "dp:1", 1024)
+
+
+def test_explicit_compute_blocks_override_the_remainder():
+    clock = FakeClock()
+    mon, got = make(clock, flush_interval_s=0.0)
+    with mon.step(0):
+        with mon.compute():
+            clock.t += 0.2
+        clock.t += 0.5  # e.g. data loading: neither compute nor communication
+    (it,) = got
+    assert it.compute_s == pytest.approx(0.2) and it.communication_s == 0 and it.duration_s == pytest.approx(0.7)
+
+
+def test_records_are_batched_per_flush_interval():
+    clock = FakeClock()
+    batches: list = []
+    mon = TrainingMonitor(CallbackSink(batches.append), job="j", rank=0, clock=clock, flush_interval_s=1.0)
+    for i in range(10):
+        with mon.step(i):
+            clock.t += 0.25
+    assert [len(b) for b in batches] == [4, 4]  # one send per second of steps, not one per step
+    mon.flush()
+    assert sum(len(b) for b in batches) == 10
+
+
+@pytest.fixture
+def gloo_world_of_one():
+    import os
+
+    import torch.distributed as dist
+    from vigil.broker import free_port
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield dist
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_torch_distributed_collectives_are_instrumented(gloo_world_of_one):
+    import torch
+
+    dist = gloo_world_of_one
+    mon, got = make(flush_interval_s=0.0)
+    original = dist.all_reduce
+    mon.instrument_collectives(dist)
+    try:
+        group = dist.new_group([0])
+        mon.name_group(group, "tp:0")
+        t = torch.ones(256)
+        with mon.step(0):
+            dist.all_reduce(t)
+            dist.all_reduce(t, group=group)
+            dist.broadcast(t, 0)
+            work = dist.all_reduce(t, async_op=True)
+            work.wait()
+            dist.barrier()
+            out = [torch.empty(256)]
+            dist.all_gather(out, t)
+    finally:
+        mon.uninstrument_collectives()
+    assert dist.all_reduce is original
+    calls = [e for e in got if isinstance(e, CollectiveCall)]
+    assert [(c.op.value, c.group) for c in calls] == [
+        ("all_reduce", "world"), ("all_reduce", "tp:0"), ("broadcast", "world"), ("all_reduce", "world"),
+        ("barrier", "world"), ("all_gather", "world")]
+    assert calls[0].nbytes == 1024 and calls[4].nbytes == 0 and calls[5].nbytes == 1024
+    assert all(c.end >= c.start for c in calls)
+    (it,) = [e for e in got if isinstance(e, IterationTiming)]
+    assert it.communication_s == pytest.approx(sum((c.end - c.start).total_seconds() for c in calls), abs=1e-3)
+
+
+def test_datagram_sink_to_node_batcher_batches_by_type_and_key(tmp_path):
+    published: list = []
+
+    class Pub:
+        def publish(self, events):
+            published.append(list(events))
+
+        def poll(self, timeout_s=0.0):
+            pass
+
+    batcher = NodeBatcher(tmp_path / "h.sock", Pub(), max_delay_s=0.05)
+    clock = FakeClock()
+    mons = [TrainingMonitor(UnixDatagramSink(str(tmp_path / "h.sock")), job="j", rank=r, node="n", clock=clock,
+                            flush_interval_s=0.0) for r in range(4)]
+    for step in range(3):
+        for m in mons:
+            with m.step(step):
+                m.record_collective("all_reduce", "world", 8, clock.t, clock.t + 0.01)
+                clock.t += 0.01
+    for _ in range(40):
+        batcher.step(time.monotonic())
+        for m in mons:  # what the kernel's datagram queue could not take waits in the sink
+            m.flush()
+        if sum(len(g) for g in published) >= 24:
+            break
+    batcher.stop()
+    # 4 ranks x 3 steps of iterations and of collectives -> a handful of messages, one per (type, job)
+    kinds = {(g[0].event_type, len({e.source.rank for e in g})) for g in published}
+    assert sum(len(g) for g in published) == 24
+    assert all(len({e.event_type for e in g}) == 1 for g in published)
+    assert len(published) < 24 and ("iteration", 4) in kinds
+
+
+def test_datagram_sink_without_batcher_keeps_records_and_reports_drops(tmp_path):
+    path = str(tmp_path / "later.sock")
+    sink = UnixDatagramSink(path, max_pending=3)
+    mon = TrainingMonitor(sink, job="j", rank=0, flush_interval_s=0.0)
+    for i in range(5):
+        with mon.step(i):
+            pass
+    assert sink.pending == 3  # two oldest dropped, counted
+    published: list = []
+
+    class Pub:
+        def publish(self, events):
+            published.extend(events)
+
+        def poll(self, timeout_s=0.0):
+            pass
+
+    batcher = NodeBatcher(path, Pub())
+    with mon.step(5):
+        pass
+    for _ in range(10):
+        batcher.step(time.monotonic())
+    batcher.stop()
+    drops = [e for e in published if isinstance(e, EventsDropped)]
+    assert [(d.count, d.reason) for d in drops] == [(2, "hook_buffer_full")]
+    assert sorted(e.step for e in published if isinstance(e, IterationTiming)) == [2, 3, 4, 5]
