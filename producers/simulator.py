@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from schemas import (
-    Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationTiming, NicCounters, ProcessExit, Source,
+    Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters, ProcessExit,
+    Source,
     TrainingException, XidError, from_seconds,
 )
 
@@ -105,6 +106,9 @@ class Fault:
     slowdown: float = 0.5
     peers_time_out: float | None = None
     injected_at: float | None = None  # absolute time it took effect (set by the simulator)
+    #: For a slowdown: when the first slowed step of the job began (the step in
+    #: flight at injection still ends at its normal time). Set by the simulator.
+    onset_at: float | None = None
 
     @property
     def expected_alert(self) -> tuple[tuple[str, ...], int]:
@@ -151,6 +155,9 @@ class ClusterSimulator:
         Agent heartbeat interval.
     telemetry_interval_s:
         Interval of GPU telemetry and NIC counters per node; ``None`` sends none.
+    step_batches:
+        Send each job step as one columnar :class:`IterationStep` instead of
+        one :class:`IterationTiming` per rank (what large jobs should do).
     seed:
         Seed of the jitter; the same seed and the same ``advance`` times give
         the same events.
@@ -164,7 +171,7 @@ class ClusterSimulator:
 
     def __init__(self, nodes: list[str], jobs: list[JobSpec], faults: list[Fault], start: float,
                  heartbeat_interval_s: float = 1.0, seed: int = 0, cluster: str = "sim",
-                 telemetry_interval_s: float | None = None) -> None:
+                 telemetry_interval_s: float | None = None, step_batches: bool = False) -> None:
         unknown = {n for j in jobs for n in j.nodes} - set(nodes)
         if unknown:
             raise ValueError(f"jobs run on unknown nodes: {sorted(unknown)}")
@@ -183,6 +190,7 @@ class ClusterSimulator:
         self.start = start
         self.heartbeat_interval_s = heartbeat_interval_s
         self.telemetry_interval_s = telemetry_interval_s
+        self.step_batches = step_batches
         self.cluster = cluster
         self._rng = random.Random(seed)
         self._queue: list[_Due] = []
@@ -232,6 +240,14 @@ class ClusterSimulator:
             slow = 1.0 + self._slow_gpus.get((node, gpu), 0.0)
             computes.append(base * job.compute_fraction * (1 + self._rng.uniform(-0.02, 0.02)) * slow)
         congestion = max((self._congested.get(n, 0.0) for n in job.nodes), default=0.0)
+        for fault in self.faults:
+            if fault.onset_at is not None or fault.injected_at is None:
+                continue
+            slowing_gpu = fault.kind == "gpu_slow" and (fault.target, fault.gpu) in self._slow_gpus and \
+                fault.target in job.nodes and fault.gpu < GPUS_PER_NODE
+            slowing_link = fault.kind == "congestion" and fault.target in self._congested and fault.target in job.nodes
+            if slowing_gpu or slowing_link:
+                fault.onset_at = begin
         transfer = base * (1 - job.compute_fraction) * (1.0 + congestion)
         duration = max(computes) + transfer
         self._iter_start[job.name] = begin
@@ -375,6 +391,16 @@ class ClusterSimulator:
         self._step[job.name] = step + 1
         records: list[Envelope] = []
         start_dt, end_dt = from_seconds(begin), from_seconds(end)
+        if self.step_batches:
+            world = range(job.world_size)
+            placement = [job.placement(r) for r in world]
+            coords = [job.coordinates(r) for r in world]
+            compute = [min(computes[r], duration) for r in world]
+            return [IterationStep(
+                event_time=end_dt, source=Source(cluster=self.cluster, job=job.name), step=step, start=start_dt,
+                end=end_dt, duration_s=duration, ranks=list(world), nodes=[n for n, _ in placement],
+                gpus=[g for _, g in placement], compute_s=compute, communication_s=[duration - c for c in compute],
+                dp=[c[0] for c in coords], pp=[c[1] for c in coords], tp=[c[2] for c in coords])]
         for rank in range(job.world_size):
             node, gpu = job.placement(rank)
             dp, pp, tp = job.coordinates(rank)
@@ -410,4 +436,4 @@ def demo_scenario(start: float, seed: int = 0) -> ClusterSimulator:
         Fault("gpu_slow", "node-10", at=22.0, gpu=2, slowdown=0.4),
     ]
     return ClusterSimulator(nodes, jobs, faults, start=start, heartbeat_interval_s=1.0, seed=seed, cluster="demo",
-                            telemetry_interval_s=1.0)
+                            telemetry_interval_s=1.0, step_batches=True)

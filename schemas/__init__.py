@@ -5,7 +5,7 @@ from schemas.envelope import Envelope, Source, from_seconds, to_seconds, utcnow
 from schemas.errors import DecodeError, SchemaError
 from schemas.events import (
     EVENT_TYPES, ActionResult, Alert, CollectiveCall, CollectiveOp, DeadLetter, Decision, DetectorFinding,
-    ExceptionCategory, GpuTelemetry, Heartbeat, IterationTiming, JobState, NicCounters, NodeState,
+    ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState, NicCounters, NodeState,
     ProcessExit, Subject, TrainingException, XidError,
 )
 from schemas.topics import TOPICS, all_topic_names, message_key, topic_name
@@ -14,6 +14,6 @@ __all__ = [
     "Decoded", "decode", "encode", "encode_batch", "Envelope", "Source", "from_seconds", "to_seconds",
     "utcnow", "DecodeError", "SchemaError", "EVENT_TYPES", "ActionResult", "Alert", "CollectiveCall",
     "CollectiveOp", "DeadLetter", "Decision", "DetectorFinding", "ExceptionCategory", "GpuTelemetry", "Heartbeat",
-    "IterationTiming", "JobState", "NicCounters", "NodeState", "ProcessExit", "Subject",
+    "IterationStep", "IterationTiming", "JobState", "NicCounters", "NodeState", "ProcessExit", "Subject",
     "TrainingException", "XidError", "TOPICS", "all_topic_names", "message_key", "topic_name",
 ]

@@ -39,6 +39,39 @@ class IterationTiming(Envelope):
         return self
 
 
+class IterationStep(Envelope):
+    """One step of a job with every rank's timings in columns: one message per job per step.
+
+    At thousands of ranks per job, per-rank events cost more to move and parse
+    than the detection on them; columns make a step one record to handle.
+    Element ``i`` of every list belongs to rank ``ranks[i]``.
+    """
+
+    event_type: Literal["iteration_step"] = Field("iteration_step", description="Event type tag.")
+    step: int = Field(ge=0, description="Training step (iteration) number.")
+    start: AwareDatetime = Field(description="When the step began.")
+    end: AwareDatetime = Field(description="When the step completed (on every rank: it is synchronous).")
+    duration_s: float = Field(ge=0, description="Step wall time in seconds.")
+    ranks: list[int] = Field(min_length=1, description="Global ranks, one per column element.")
+    nodes: list[str] = Field(description="Node of each rank.")
+    gpus: list[int] = Field(description="GPU index of each rank on its node.")
+    compute_s: list[float] = Field(description="Seconds each rank spent computing.")
+    communication_s: list[float] = Field(description="Seconds each rank spent in (or waiting on) collectives.")
+    dp: list[int] = Field(description="Data-parallel coordinate of each rank.")
+    pp: list[int] = Field(description="Pipeline-parallel coordinate (stage) of each rank.")
+    tp: list[int] = Field(description="Tensor-parallel coordinate of each rank.")
+
+    @model_validator(mode="after")
+    def _columns_align(self) -> "IterationStep":
+        n = len(self.ranks)
+        for name in ("nodes", "gpus", "compute_s", "communication_s", "dp", "pp", "tp"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} elements, ranks has {n}")
+        if self.end < self.start:
+            raise ValueError(f"end ({self.end.isoformat()}) is before start ({self.start.isoformat()})")
+        return self
+
+
 class CollectiveOp(str, Enum):
     all_reduce = "all_reduce"
     all_gather = "all_gather"
@@ -323,7 +356,7 @@ class WatchdogReport(Envelope):
 
 
 EVENT_MODELS: tuple[type[Envelope], ...] = (
-    IterationTiming, CollectiveCall, XidError, NicCounters, GpuTelemetry, Heartbeat,
+    IterationTiming, IterationStep, CollectiveCall, XidError, NicCounters, GpuTelemetry, Heartbeat,
     ProcessExit, TrainingException, JobState, NodeState, DetectorFinding, Alert, Decision, ActionResult, DeadLetter,
     AgentHealth, EventsDropped, WatchdogReport,
 )

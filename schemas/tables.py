@@ -44,6 +44,7 @@ TABLE_SPECS: dict[str, TableSpec] = {
     s.event_type: s
     for s in (
         TableSpec("iteration", "iterations", ("job", "event_time", "rank", "event_id")),
+        TableSpec("iteration_step", "iteration_steps", ("job", "event_time", "event_id")),
         TableSpec("collective", "collectives", ("job", "event_time", "event_id")),
         TableSpec("xid", "xid_errors", ("node", "event_time", "event_id")),
         TableSpec("nic_counters", "nic_counters", ("node", "device", "port", "event_time", "event_id")),
@@ -102,6 +103,10 @@ def _base_type(annotation: Any) -> tuple[str, Callable[[Any], Any]]:
         return "LowCardinality(String)", lambda v: v.value if isinstance(v, enum.Enum) else v
     if origin is Literal:
         return "LowCardinality(String)", lambda v: v
+    if origin is list and typing.get_args(annotation) and typing.get_args(annotation)[0] in (int, float, str, uuid.UUID):
+        # Columns of plain values are ClickHouse arrays (ARRAY JOIN gives rows back).
+        inner = {int: "Int64", float: "Float64", str: "String", uuid.UUID: "UUID"}[typing.get_args(annotation)[0]]
+        return f"Array({inner})", lambda v: list(v)
     if origin in (dict, list) or annotation is typing.Any:
         def to_json(v: Any) -> str:
             return json.dumps(v, default=str, separators=(",", ":"))

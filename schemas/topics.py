@@ -30,6 +30,7 @@ TOPICS: dict[str, TopicSpec] = {
     spec.event_type: spec
     for spec in (
         TopicSpec("telemetry.iterations", "iteration", "job", 8, "Per-rank iteration timings."),
+        TopicSpec("telemetry.steps", "iteration_step", "job", 8, "Per-step iteration timings of all ranks, in columns."),
         TopicSpec("telemetry.collectives", "collective", "job", 8, "Collective-call timings."),
         TopicSpec("telemetry.xid", "xid", "node", 4, "NVIDIA XID errors."),
         TopicSpec("telemetry.nic", "nic_counters", "node", 4, "RoCE/IB port counters."),

@@ -32,7 +32,7 @@ from detectors.straggler import StragglerLocalizer
 from detectors.verification import BOCDVerify
 from detectors.xid import XidDetector
 from schemas import (
-    CollectiveCall, DetectorFinding, Envelope, GpuTelemetry, Heartbeat, IterationTiming, NicCounters,
+    CollectiveCall, DetectorFinding, Envelope, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters,
     ProcessExit, Source, Subject, TrainingException, XidError, from_seconds, to_seconds,
 )
 
@@ -170,6 +170,8 @@ class DetectionEngine:
     def on_event(self, event: Envelope, now: float) -> list[DetectorFinding]:
         if isinstance(event, Heartbeat):
             return self._on_heartbeat(event, now)
+        if isinstance(event, IterationStep):
+            return self._on_step(event, now)
         if isinstance(event, IterationTiming):
             return self._on_iteration(event, now)
         if isinstance(event, CollectiveCall):
@@ -280,64 +282,99 @@ class DetectionEngine:
         return state
 
     def _on_iteration(self, it: IterationTiming, now: float) -> list[DetectorFinding]:
+        """One rank's record of a step; the step is localized once a later one begins."""
         job = it.source.job
         if job is None:
             return []
-        end = to_seconds(it.end)
-        state = self.jobs.get(job)
-        if state is None and self._stale(end, now):
+        state = self._job_for(job, it.source.cluster, to_seconds(it.end), now)
+        if state is None:
             return []
-        state = self._job(job, it.source.cluster)
-        state.last_arrival = now
         if it.source.node:
             state.nodes.add(it.source.node)
-        # Every rank reports each step: the job progressed when another step ends
-        # later than the last one did. Step numbers may go back (a restart from a
-        # checkpoint); old events (redelivered, late ranks) end earlier.
-        last = state.last_step
-        if last is not None and it.step == last[0]:
+        if state.last_step is not None and it.step == state.last_step[0]:
             state.step_records.append(it)
             return []
-        if last is not None and end <= last[1]:
+        closing = state.step_records
+        out = self._progress(job, state, it.step, to_seconds(it.end), it.duration_s, now)
+        if out is None:
             return []
-        out = self._close_step(job, state, now)
-        state.last_step = (it.step, end)
         state.step_records = [it]
-        if it.duration_s > 0:
-            state.hang.update(it.duration_s, t=end)
-            state.failslow.update(it.duration_s, t=end)
-        out += self._diff_job(job, state, state.hang, now)
+        ranks = [r for r in closing if r.compute_s is not None and r.communication_s is not None]
+        if ranks:
+            out += self._localize(
+                job, state, to_seconds(ranks[0].end),
+                [r.source.rank if r.source.rank is not None else i for i, r in enumerate(ranks)],
+                [r.compute_s for r in ranks], [r.communication_s for r in ranks],  # type: ignore[misc]
+                [r.dp or 0 for r in ranks], [r.pp or 0 for r in ranks], [r.tp or 0 for r in ranks],
+                {r.source.rank: (r.source.node, r.source.gpu) for r in ranks}, now)
+        return out
+
+    def _on_step(self, st: IterationStep, now: float) -> list[DetectorFinding]:
+        """A whole step in columns: progress and localization at once."""
+        job = st.source.job
+        if job is None:
+            return []
+        end = to_seconds(st.end)
+        state = self._job_for(job, st.source.cluster, end, now)
+        if state is None:
+            return []
+        state.nodes.update(st.nodes)
+        out = self._progress(job, state, st.step, end, st.duration_s, now)
+        if out is None:
+            return []
+        where = lambda: {r: (n, g) for r, n, g in zip(st.ranks, st.nodes, st.gpus)}
+        return out + self._localize(job, state, end, st.ranks, st.compute_s, st.communication_s, st.dp, st.pp,
+                                    st.tp, where, now)
+
+    def _job_for(self, job: str, cluster: str, end: float, now: float) -> _JobState | None:
+        state = self.jobs.get(job)
+        if state is None and self._stale(end, now):
+            return None
+        state = self._job(job, cluster)
+        state.last_arrival = now
+        return state
+
+    def _progress(self, job: str, state: _JobState, step: int, end: float, duration: float,
+                  now: float) -> list[DetectorFinding] | None:
+        """A new step ended: feed hang and fail-slow. None when it is not new.
+
+        The job progressed when another step ends later than the last one did.
+        Step numbers may go back (a restart from a checkpoint); old events
+        (redelivered, late ranks) end earlier.
+        """
+        last = state.last_step
+        if last is not None and (step == last[0] or end <= last[1]):
+            return None
+        state.last_step = (step, end)
+        if duration > 0:
+            state.hang.update(duration, t=end)
+            state.failslow.update(duration, t=end)
+        out = self._diff_job(job, state, state.hang, now)
         out += self._diff_job(job, state, state.failslow, now,
                               enrich=lambda f, e: self._failslow_class(state, f, e))
         return out
 
-    def _close_step(self, job: str, state: _JobState, now: float) -> list[DetectorFinding]:
-        """A step is complete once a later one begins: localize over its ranks."""
-        records = [r for r in state.step_records if r.compute_s is not None and r.communication_s is not None]
-        if not records:
-            return []
-        end = to_seconds(records[0].end)
-        state.split.append((end, max(r.compute_s for r in records), min(r.communication_s for r in records)))  # type: ignore[type-var]
+    def _localize(self, job: str, state: _JobState, end: float, ranks: list[int], compute: list[float],
+                  comm: list[float], dp: list[int], pp: list[int], tp: list[int],
+                  where: Any, now: float) -> list[DetectorFinding]:
+        """Record the step's compute/communication split; localize the straggler when it pays."""
+        state.split.append((end, max(compute), min(comm)))
         del state.split[:-512]
-        per_rank = [{"rank": r.source.rank if r.source.rank is not None else i, "dp": r.dp or 0, "pp": r.pp or 0,
-                     "tp": r.tp or 0, "compute": r.compute_s, "comm": r.communication_s}
-                    for i, r in enumerate(records)]
         # Localizing costs far more than detecting: do it on every step while the
         # job is slow, and on every 16th otherwise (persistent stragglers).
         state.steps_closed += 1
         if state.failslow.finding is None and state.straggler.finding is None and state.steps_closed % 16:
             return []
+        per_rank = [{"rank": r, "dp": d, "pp": p, "tp": t, "compute": c, "comm": m}
+                    for r, c, m, d, p, t in zip(ranks, compute, comm, dp, pp, tp)]
         state.straggler.update(per_rank, t=end)
-        return self._diff_job(job, state, state.straggler, now, enrich=self._placement(records))
-
-    def _placement(self, records: list[IterationTiming]) -> Callable[[Finding, dict], None]:
-        where = {r.source.rank: (r.source.node, r.source.gpu) for r in records}
+        placement = where() if callable(where) else where
 
         def enrich(finding: Finding, evidence: dict) -> None:
             loc = finding.evidence.get("location")
-            if isinstance(loc, (list, tuple)) and len(loc) == 2 and loc[0] == "rank" and loc[1] in where:
-                evidence["node"], evidence["gpu"] = where[loc[1]]
-        return enrich
+            if isinstance(loc, (list, tuple)) and len(loc) == 2 and loc[0] == "rank" and loc[1] in placement:
+                evidence["node"], evidence["gpu"] = placement[loc[1]]
+        return self._diff_job(job, state, state.straggler, now, enrich=enrich)
 
     @staticmethod
     def _failslow_class(state: _JobState, finding: Finding, evidence: dict) -> None:

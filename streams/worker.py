@@ -34,7 +34,7 @@ from streams.recovery import read_before_committed, read_recent
 log = logging.getLogger(__name__)
 
 #: Telemetry the detection stage reads.
-TELEMETRY = ("heartbeat", "iteration", "collective", "xid", "nic_counters", "gpu_telemetry", "process_exit",
+TELEMETRY = ("heartbeat", "iteration", "iteration_step", "collective", "xid", "nic_counters", "gpu_telemetry", "process_exit",
              "training_exception")
 
 

@@ -30,12 +30,12 @@ def play(sim: ClusterSimulator, seconds: float):
     return alerts, log
 
 
-def cluster(faults, telemetry=1.0, seed=11):
+def cluster(faults, telemetry=1.0, seed=11, step_batches=False):
     nodes = [f"n{i}" for i in range(6)]
     jobs = [JobSpec("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.4),
             JobSpec("b", ("n2", "n3"), dp=2, pp=2, tp=4, iteration_s=0.2)]
     return ClusterSimulator(nodes, jobs, faults, start=5000.0, heartbeat_interval_s=1.0, seed=seed,
-                            telemetry_interval_s=telemetry)
+                            telemetry_interval_s=telemetry, step_batches=step_batches)
 
 
 def incidents(alerts):
@@ -230,3 +230,13 @@ def test_duplicated_events_and_events_from_the_future_are_skipped():
     assert engine.future(future, now)
     engine.on_events([future], now)
     assert engine.nodes["n"].heartbeat.last_seen == now  # an hour-ahead clock does not keep the node alive
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f.kind in ("hang", "node_loss", "gpu_slow", "congestion")],
+                         ids=lambda f: f.kind)
+def test_columnar_steps_give_the_same_incidents_as_per_rank_records(fault):
+    def summary(step_batches):
+        alerts, _ = play(cluster([Fault(**{**fault.__dict__, "injected_at": None})], step_batches=step_batches),
+                         fault.at + 20)
+        return [(a.status, a.kind, a.severity, a.subject) for a, _ in alerts]
+    assert summary(True) == summary(False)

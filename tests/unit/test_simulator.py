@@ -89,3 +89,16 @@ def test_invalid_scenarios_are_refused():
 def test_demo_scenario_is_valid():
     sim = demo_scenario(start=0.0)
     assert len(sim.faults) == 4 and len(sim.nodes) == 18
+
+
+def test_a_slowdown_starts_with_the_first_step_planned_after_it():
+    nodes = ["n0", "n1"]
+    job = JobSpec("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.5, jitter=0.0)
+    sim = ClusterSimulator(nodes, [job], [Fault("gpu_slow", "n1", at=5.2, gpu=3, slowdown=1.0)], start=0.0,
+                           telemetry_interval_s=1.0, step_batches=True)
+    steps = [g[0] for g in sim.advance(10.0) if g[0].event_type == "iteration_step"]
+    fault = sim.faults[0]
+    first_slow = next(s for s in steps if s.duration_s > 0.6)
+    assert fault.injected_at == 5.2 and fault.onset_at == pytest.approx(first_slow.start.timestamp(), abs=1e-6)
+    assert all(s.duration_s == pytest.approx(0.5) for s in steps if s.end.timestamp() <= fault.onset_at)
+    assert first_slow.duration_s == pytest.approx(0.5 * 0.7 * 2 + 0.5 * 0.3, rel=0.03)  # the rank computes twice as long

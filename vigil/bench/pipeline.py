@@ -1,7 +1,8 @@
 """``vigil bench pipeline``: records/s through the detection workers, and alert latency.
 
-Throughput: a simulated 4,096-GPU cluster's telemetry (per-step iteration
-batches of every rank, per-node GPU/NIC/heartbeat samples) is produced to a
+Throughput: a simulated 4,096-GPU cluster's telemetry (each job step as one
+columnar message holding every rank's timing record, per-node GPU/NIC/heartbeat
+samples; a record is one rank's timing or one sample) is produced to a
 fresh tansu broker first; then N ``vigil worker`` processes start in one new
 consumer group and the clock runs from the first worker's assignment until
 the group has committed every offset produced (known exactly from the
@@ -32,7 +33,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from producers.publisher import Publisher
 from producers.simulator import ClusterSimulator, Fault, JobSpec
-from schemas import Alert, decode, encode, encode_batch, message_key, topic_name
+from schemas import Alert, IterationStep, decode, encode, encode_batch, message_key, topic_name
 from streams.config import StreamConfig
 from streams.kafka import ensure_topics, reader
 from vigil.broker import TansuBroker, die_with_parent, find_tansu
@@ -73,13 +74,14 @@ def _dataset(seconds: float) -> tuple[list[tuple[str, bytes, bytes]], int]:
     jobs = [JobSpec(f"job-{k}", tuple(nodes[k * 64:(k + 1) * 64]), dp=32, pp=2, tp=8, iteration_s=0.5)
             for k in range(8)]
     sim = ClusterSimulator(nodes, jobs, [], start=time.time() - seconds - 5, heartbeat_interval_s=1.0, seed=1,
-                           telemetry_interval_s=1.0)
+                           telemetry_interval_s=1.0, step_batches=True)
     out, records = [], 0
     for group in sim.advance(sim.start + seconds):
         first = group[0]
         value = encode(first) if len(group) == 1 else encode_batch(group)
         out.append((first.event_type, message_key(first), value))  # type: ignore[attr-defined]
-        records += len(group)
+        # A columnar step carries one timing record per rank.
+        records += sum(len(e.ranks) if isinstance(e, IterationStep) else 1 for e in group)
     return out, records
 
 
@@ -146,7 +148,7 @@ def _latency_cluster(start: float) -> tuple[ClusterSimulator, dict[str, list[Fau
         "node_lost": [Fault("node_loss", n, at=14.2 + i) for i, n in enumerate(nodes[22:24])],
     }
     sim = ClusterSimulator(nodes, jobs, [f for fs in faults.values() for f in fs], start=start,
-                           heartbeat_interval_s=1.0, seed=3, telemetry_interval_s=1.0)
+                           heartbeat_interval_s=1.0, seed=3, telemetry_interval_s=1.0, step_batches=True)
     return sim, faults
 
 
@@ -197,10 +199,12 @@ def latency(bootstrap: str, workdir: Path, rounds: int = 2,
                     samples.setdefault(kind, []).append(float("inf"))
                     continue
                 samples.setdefault(kind, []).append(hit - f.injected_at)
-                if kind == "fail_slow":
+                if kind == "fail_slow" and f.onset_at is not None:
+                    # Falcon's measure: iterations of the slowed job from the onset (the
+                    # first slowed step's start) to the alert.
                     job_spec = next(j for j in sim.jobs.values() if f.target in j.nodes)
                     slowed = job_spec.iteration_s * (1 + job_spec.compute_fraction * f.slowdown)
-                    iterations.append((hit - f.injected_at) / slowed)
+                    iterations.append((hit - f.onset_at) / slowed)
 
     def pct(values: list[float], q: float) -> float | None:
         finite = sorted(values)
