@@ -116,15 +116,30 @@ def counter_delta(old: int, new: int, bits: int = 64, saturating: bool = False) 
 
 
 class _Baseline:
-    """Median/MAD over a bounded window of healthy rates (picklable)."""
+    """Median/MAD over a bounded window of healthy rates (picklable).
 
-    def __init__(self, window: int):
+    The statistics are recomputed once every ``refresh`` new values: one value
+    barely moves the median of a long window, and a node agent reports every
+    port of every node each interval, so this is the NIC detector's hot path.
+    """
+
+    def __init__(self, window: int, refresh: int = 8):
         self.values: deque[float] = deque(maxlen=window)
+        self.refresh = refresh
+        self._cached: tuple[float, float] | None = None
+        self._added = 0
+
+    def add(self, value: float) -> None:
+        self.values.append(value)
+        self._added += 1
 
     def stats(self) -> tuple[float, float]:
-        a = np.asarray(self.values, dtype=float)
-        med = float(np.median(a))
-        return med, float(np.median(np.abs(a - med)))
+        if self._cached is None or self._added >= self.refresh:
+            a = np.asarray(self.values, dtype=float)
+            med = float(np.median(a))
+            self._cached = (med, float(np.median(np.abs(a - med))))
+            self._added = 0
+        return self._cached
 
 
 @register
@@ -325,7 +340,7 @@ class NicCongestion(Detector):
             p["excess_run"] = 0
             for s in CONGESTION_SIGNALS:
                 if s in rates:
-                    p["baselines"][s].values.append(rates[s])
+                    p["baselines"][s].add(rates[s])
         ep = p["episode"]
         if ep is None and p["excess_run"] >= self.min_intervals:
             ep = p["episode"] = {"onset": p["excess_start"], "detected_at": t, "peak": {}}
