@@ -83,34 +83,39 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
 
     # Which subjects each partition carried, to forget them when it moves away.
     subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
-    async def detect(stream: Any) -> None:
+    async def decoded(stream: Any) -> Any:
+        """Each message decoded, its bad parts dead-lettered; after any takeover replay."""
         async for event in stream.events():
             await recovered.wait()
             msg = event.message
-            decoded = decode(event.value)
-            for err in decoded.errors:
+            result = decode(event.value)
+            for err in result.errors:
                 await send_dead_letter(dead_letter(err, msg.topic, msg.partition, msg.offset, msg.timestamp), err)
+            yield event, msg, result
+
+    async def detect(stream: Any) -> None:
+        async for event, msg, message in decoded(stream):
             nodes, jobs = subjects_of.setdefault((msg.topic, msg.partition), (set(), set()))
-            for ev in decoded.events:
+            for ev in message.events:
                 key = TOPICS[ev.event_type].key  # type: ignore[attr-defined]
                 if key == "job" and ev.source.job:
                     jobs.add(ev.source.job)
                 elif key == "node" and ev.source.node:
                     nodes.add(ev.source.node)
             now = time.time()
-            for ev in decoded.events:
+            for ev in message.events:
                 if engine.future(ev, now):
                     await send_dead_letter(refused_event(
                         ev, f"event_time {ev.event_time.isoformat()} is more than {engine.params.max_future_s:.0f} s "
                             "ahead of the worker's clock (check the node's clock)",
                         msg.topic, msg.partition, msg.offset,
-                        raw=event.value if len(decoded.events) == 1 else None), "event from the future")
+                        raw=event.value if len(message.events) == 1 else None), "event from the future")
             try:
-                findings = engine.on_events(decoded.events, now)
+                findings = engine.on_events(message.events, now)
             except DetectorError:
                 findings = []
                 # One event a detector cannot use: find it, keep it, go on with the rest.
-                for ev in decoded.events:
+                for ev in message.events:
                     try:
                         findings += engine.on_events([ev], time.time())
                     except DetectorError as exc:
@@ -123,14 +128,9 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
 
     @app.agent(findings_topic, name="correlate")
     async def correlate(stream: Any) -> None:
-        async for event in stream.events():
-            await recovered.wait()
-            msg = event.message
-            decoded = decode(event.value)
-            for err in decoded.errors:
-                await send_dead_letter(dead_letter(err, msg.topic, msg.partition, msg.offset, msg.timestamp), err)
+        async for _event, _msg, findings in decoded(stream):
             now = time.time()
-            for f in decoded.events:
+            for f in findings.events:
                 if isinstance(f, DetectorFinding):
                     await publish_alerts(correlator.on_finding(f, now))
 
