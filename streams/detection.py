@@ -35,6 +35,7 @@ from schemas import (
     CollectiveCall, DetectorFinding, Envelope, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters,
     ProcessExit, Source, Subject, TrainingException, XidError, from_seconds, to_seconds,
 )
+from streams.incidents import subject_key
 
 _FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
 
@@ -94,10 +95,6 @@ class _NodeState:
     gpu: GpuDegradation | None = None
     cluster: str = "default"
     last_arrival: float = float("-inf")
-
-
-def _subject_key(subject: Subject) -> str:
-    return "/".join(f"{k}={v}" for k, v in subject.model_dump(exclude_none=True).items())
 
 
 class DetectionEngine:
@@ -493,7 +490,7 @@ class DetectionEngine:
         seen: set[str] = set()
         for f in current:
             subject = subject_of(f)
-            key = f"{f.kind}|{_subject_key(subject)}|{f.onset:.6f}"
+            key = f"{f.kind}|{subject_key(subject)}|{f.onset:.6f}"
             seen.add(key)
             if key in reported:
                 continue
@@ -517,7 +514,7 @@ class DetectionEngine:
                  detected_at: float | None = None) -> DetectorFinding:
         at = onset if detected_at is None else detected_at
         return DetectorFinding(
-            event_id=uuid.uuid5(_FINDING_NS, f"{status}|{kind}|{_subject_key(subject)}|{onset:.6f}"),
+            event_id=uuid.uuid5(_FINDING_NS, f"{status}|{kind}|{subject_key(subject)}|{onset:.6f}"),
             event_time=from_seconds(at), source=Source(cluster=cluster), status=status, kind=kind,  # type: ignore[arg-type]
             severity=severity, subject=subject, onset_time=from_seconds(onset), detector=detector,
             detector_version=version, job_nodes=job_nodes, evidence=_plain(evidence),

@@ -40,6 +40,7 @@ from typing import Any, Callable
 from confluent_kafka import Consumer, KafkaError, Producer
 
 from schemas import DetectorFinding, Envelope, Source, Subject, decode, encode, message_key, topic_name, utcnow
+from streams.incidents import subject_key
 from streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)
@@ -70,9 +71,8 @@ class Context:
 
     def _emit(self, status: str, kind: str, severity: int, subject: Subject, onset: datetime,
               evidence: dict[str, Any], job_nodes: list[str]) -> None:
-        subject_key = "/".join(f"{k}={v}" for k, v in subject.model_dump(exclude_none=True).items())
         self.raised.append(DetectorFinding(
-            event_id=uuid.uuid5(_FINDING_NS, f"{self.app.name}|{status}|{kind}|{subject_key}|{onset.isoformat()}"),
+            event_id=uuid.uuid5(_FINDING_NS, f"{self.app.name}|{status}|{kind}|{subject_key(subject)}|{onset.isoformat()}"),
             event_time=utcnow(), source=Source(), status=status, kind=kind, severity=severity,  # type: ignore[arg-type]
             subject=subject, onset_time=onset, detector=self.app.name, detector_version=self.app.version,
             job_nodes=job_nodes, evidence=evidence,
