@@ -49,7 +49,7 @@ for the severity levels.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register

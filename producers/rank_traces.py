@@ -92,7 +92,6 @@ def make_localization_case(
     sigma_rank = rng.uniform(0.02, 0.05) if noisy else rng.uniform(0.005, 0.015)
     sigma_jit = 0.01
     slow_rank = np.ones((dp, pp, tp))
-    link = {k: 1.0 for k in ("tp", "pp", "dp")}
     link_where: tuple | None = None
     location: tuple | None = None
     if culprit == "worker":

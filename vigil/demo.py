@@ -188,13 +188,13 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
                 return 1
         console.print(f"[green]✓[/green] {n_workers} worker(s) ready in {time.monotonic() - t0:.1f} s")
         result = _play(settings, stack, console, seed)
-        scoreboard, history_rows, history_count, sim, faults, seen = result
+        scoreboard, history_rows, history_count, seen = result
     finally:
         if workers is not None:
             workers.stop()
         stack.stop()
 
-    ok = _report(console, scoreboard, history_rows, sim, faults, seen)
+    ok = _report(console, scoreboard, history_rows, seen)
     summary = {
         "faults": [{k: row[k] for k in ("kind", "target", "injected_at", "detected", "severity", "latency_s")}
                    for row in scoreboard],
@@ -259,7 +259,7 @@ def _play(settings: Settings, stack: EmbeddedStack, console: Console, seed: int)
         f"ORDER BY detection_time, incident_version"
     )
     history_rows = (history_sql, stack.store.query(history_sql))
-    return match_faults(faults, seen), history_rows, history_count, sim, faults, seen
+    return match_faults(faults, seen), history_rows, history_count, seen
 
 
 def _live_view(sim: ClusterSimulator, start: float, now: float, published: int, seen: list[SeenAlert],
@@ -280,8 +280,8 @@ def _live_view(sim: ClusterSimulator, start: float, now: float, published: int, 
                  title="18 nodes x 8 GPUs: llama-7b (64 ranks), gpt-1b3 (64), bert-340m (16)")
 
 
-def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tuple, sim: ClusterSimulator,
-            faults: list[Fault], seen: list[SeenAlert]) -> bool:
+def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tuple,
+            seen: list[SeenAlert]) -> bool:
     console.print()
     console.rule("[bold]scoreboard[/bold]")
     table = Table("injected fault", "target", "expected alert", "found", "sev", "latency s")

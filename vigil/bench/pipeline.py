@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -170,7 +169,6 @@ def latency(bootstrap: str, workdir: Path, rounds: int = 2,
             sim, faults = _latency_cluster(start)
             publisher = Publisher(config.kafka_conf(), config.topic_prefix, linger_ms=0)
             alerts = reader(config.kafka_conf(), [config.topic("alert")])
-            first_seen: dict[Any, float] = {}
             seen: list[tuple[Alert, float]] = []
             while time.time() < start + 32:
                 for group in sim.advance(time.time()):

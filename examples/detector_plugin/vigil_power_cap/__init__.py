@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from detectors import Detector, Finding
-from schemas import GpuTelemetry, to_seconds
+from schemas import GpuTelemetry
 
 
 class PowerCap(Detector):
