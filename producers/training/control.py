@@ -83,19 +83,23 @@ class ControlChannel:
             except OSError:
                 return
             reply: dict = {}
+            accepted: tuple[Command, str] | None = None
             try:
                 msg = json.loads(data)
                 reply["id"] = msg.get("id")
-                cmd = Command(msg["command"])
-                self._queue.put((cmd, str(msg.get("id") or "")))
+                accepted = (Command(msg["command"]), str(msg.get("id") or ""))
                 reply["ok"] = True
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 reply.update(ok=False, error=f"expected {{\"command\": one of {[c.value for c in Command]}}}: {exc}")
+            # Answer before queuing: once queued, the training loop may apply the
+            # command and close this channel, and the sender would never hear back.
             if addr:
                 try:
                     self._sock.sendto(json.dumps(reply).encode(), addr)
                 except OSError:
                     pass
+            if accepted is not None:
+                self._queue.put(accepted)
 
     def poll(self) -> list[Command]:
         """Commands received since the last call, in arrival order."""

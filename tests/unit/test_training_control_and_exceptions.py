@@ -109,23 +109,27 @@ def test_retry_step_in_place_after_a_failed_step(tmp_path):
     mon = TrainingMonitor(CallbackSink(got.extend), job="j", rank=0, retry_wait_s=5.0)
     ch = mon.start_control(tmp_path / "ctl.sock")
     attempts = []
+    replies: list = []
     step = 0
+    import threading
+
+    sender = threading.Timer(0.1, lambda: replies.append(send_command(ch.path, "retry_step")))
     try:
         while step < 3:
             with mon.step(step) as s:
                 attempts.append(step)
                 if step == 1 and attempts.count(1) == 1:
                     # the decision engine answers the published exception with "retry in place"
-                    import threading
-
-                    threading.Timer(0.1, send_command, args=(ch.path, "retry_step")).start()
+                    sender.start()
                     raise RuntimeError("[Rank 0] Watchdog caught collective operation timeout: ran for 1800000 milliseconds before timing out")
             if s.retry:
                 continue
             step += 1
     finally:
         mon.close()
+        sender.join(10)
     assert attempts == [0, 1, 1, 2]
+    assert [r["ok"] for r in replies] == [True]  # the sender heard back even though the loop closed the channel
     exc = [e for e in got if isinstance(e, TrainingException)]
     assert [e.category.value for e in exc] == ["nccl_timeout"]
 
