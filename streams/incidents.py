@@ -132,6 +132,8 @@ class Correlator:
         self.transient_hold_s = transient_hold_s
         self.incidents: dict[uuid.UUID, Incident] = {}
         self._seen: OrderedDict[uuid.UUID, None] = OrderedDict()
+        #: job -> time of its last recovery: symptoms that began before it belong to the resolved failure.
+        self._recovered_at: dict[str, float] = {}
 
     def open_incidents(self) -> list[Incident]:
         return list(self.incidents.values())
@@ -146,6 +148,9 @@ class Correlator:
 
     def _on_raised(self, f: DetectorFinding, now: float) -> list[Alert]:
         key = finding_key(f)
+        job = f.subject.job
+        if job is not None and job in self._recovered_at and to_seconds(f.onset_time) < self._recovered_at[job]:
+            return []  # late evidence of a failure already recovered from
         for inc in self.incidents.values():
             if key in inc.members:
                 return []
@@ -198,6 +203,16 @@ class Correlator:
                     return [self._close(inc, now, f"{f.kind} cleared")]
                 return []
         return []
+
+    def recovered(self, incident_ids: list[uuid.UUID], job: str | None, at: float, why: str) -> list[Alert]:
+        """A remedy worked: resolve these incidents; the job's symptoms older than ``at`` are theirs.
+
+        A failure that comes back after this opens a new incident, which the
+        decision engine sees as the same failure returning.
+        """
+        if job is not None:
+            self._recovered_at[job] = max(at, self._recovered_at.get(job, at))
+        return [self._close(self.incidents[i], at, why) for i in incident_ids if i in self.incidents]
 
     def tick(self, now: float) -> list[Alert]:
         """Resolve incidents whose findings have all cleared or expired."""

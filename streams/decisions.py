@@ -1,0 +1,309 @@
+"""The decision engine: alerts and action results in, decisions out.
+
+Fail-stops climb the escalation ladder (:mod:`streams.escalation`); fail-slows
+are mitigated by ski rental (:mod:`streams.skirental`); a job arriving or
+finishing and a node joining or coming back trigger re-planning. Every
+decision names the incidents it answers, its reason, its plan (the contract
+the actuators validate, see ``actuators/``) and an idempotency key; its id is
+derived from what it answers, so a replay decides the same ids and an
+actuator never acts twice.
+
+Action results feed back: a failed or timed-out remedy climbs the ladder; a
+remedy that worked resolves the incidents it answered ("recovered by ..."),
+so a failure that comes back afterwards is a new incident, seen as the same
+failure returning; the durations of finished actions teach the ski-rental
+overheads. When nothing is left to try, a sev1 ``recovery_failed`` alert
+calls a human.
+
+Pure: no Kafka, time is an argument.
+
+Examples
+--------
+>>> import uuid
+>>> from datetime import datetime, timezone
+>>> from schemas import Alert, Source, Subject
+>>> t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+>>> crash = Alert(event_time=t0, source=Source(), incident_id=uuid.uuid4(), incident_version=1, status="open",
+...               severity=2, kind="process_exit", subject=Subject(job="gpt", node="n1", rank=3),
+...               onset_time=t0, detection_time=t0, detector="process_exit", detector_version="1")
+>>> engine = DecisionEngine()
+>>> [(d.action, d.target.job) for d in engine.on_alert(crash, now=0.0)]
+[('restart_process', 'gpt')]
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from schemas import ActionResult, Alert, Decision, Envelope, JobState, NodeState, Source, Subject, from_seconds
+from streams.escalation import LADDER, Escalation
+from streams.incidents import GPU_CAUSES, LINK_CAUSES
+from streams.skirental import FailSlowMitigation
+
+log = logging.getLogger(__name__)
+
+_DECISION_NS = uuid.UUID("5b2f6d0a-8c3e-4f1a-b7d9-2e6c4a8f1d07")
+#: Kinds that are degradations, not fail-stops: mitigated by ski rental, not by the ladder.
+DEGRADATIONS = GPU_CAUSES | LINK_CAUSES | {"fail_slow", "straggler", "recovery", "recovery_failed",
+                                           "actuator_circuit_open"}
+#: Remedies after which the failure counts as recovered when the actuator reports success.
+RECOVERING = {"retry_in_place", "restart_process", "reconfigure", "checkpoint_restart", "isolate_node"}
+
+
+@dataclass
+class _Decided:
+    job: str | None
+    kind: str
+    action: str
+    answers: list[uuid.UUID]
+    at: float
+    started_at: float | None = None
+
+
+@dataclass
+class _JobInfo:
+    nodes: set[str] = field(default_factory=set)
+    spec: JobState | None = None
+
+
+class DecisionEngine:
+    """Turns incidents into remedies, one decision per step of the ladder.
+
+    Parameters
+    ----------
+    escalation : Escalation
+        The fail-stop ladder (window and restart budget).
+    mitigation : FailSlowMitigation
+        The fail-slow ski rental (strategy overheads).
+    recovered : callable, optional
+        ``recovered(incident_ids, job, at, why) -> list[Alert]``: told when a
+        remedy worked, returns the alerts that resolve those incidents (the
+        correlator's :meth:`~streams.incidents.Correlator.recovered`).
+    replan : callable, optional
+        ``replan(jobs: dict[str, JobState], healthy_nodes: set[str]) -> dict``:
+        the multi-job plan to carry in a re-planning decision.
+    cluster : str
+        Cluster name stamped on what the engine emits.
+    """
+
+    def __init__(self, escalation: Escalation | None = None, mitigation: FailSlowMitigation | None = None,
+                 recovered: Callable[[list[uuid.UUID], str | None, float, str], list[Alert]] | None = None,
+                 replan: Callable[[dict[str, JobState], set[str]], dict[str, Any]] | None = None,
+                 cluster: str = "default") -> None:
+        self.escalation = escalation or Escalation()
+        self.mitigation = mitigation or FailSlowMitigation()
+        self._recovered = recovered
+        self._replan = replan
+        self.cluster = cluster
+        self.jobs: dict[str, _JobInfo] = {}
+        self.nodes_down: set[str] = set()
+        self.known_nodes: set[str] = set()
+        self._decided: dict[uuid.UUID, _Decided] = {}
+        self._incident_rung: dict[uuid.UUID, int] = {}
+        self._failslow_incident: dict[str, list[uuid.UUID]] = {}
+        self._results_seen: set[uuid.UUID] = set()
+
+    # -- alerts ------------------------------------------------------------
+    def on_alert(self, alert: Alert, now: float) -> list[Envelope]:
+        self._learn_nodes(alert)
+        if alert.status == "resolved":
+            return self._on_resolved(alert)
+        if alert.kind in DEGRADATIONS:
+            return self._on_degradation(alert, now)
+        jobs = self._jobs_of(alert)
+        rung = 2 if alert.severity == 1 else 1 if alert.severity == 2 else 0
+        if self._incident_rung.get(alert.incident_id, -1) >= rung:
+            return []  # an update that does not make it worse: already answered
+        self._incident_rung[alert.incident_id] = rung
+        if not jobs:
+            if alert.severity == 1 and alert.subject.node:
+                return [self._decide(None, alert.kind, "isolate_node", alert, now,
+                                     f"sev1 {alert.kind} on {alert.subject.node}, which runs no known job: isolate it",
+                                     {"reason": f"vigil: {alert.kind}"}, target=Subject(node=alert.subject.node))]
+            return []
+        out: list[Envelope] = []
+        for job in jobs:
+            action = self.escalation.next_action(job, alert.kind, alert.severity, now)
+            history = self.escalation.history(job, alert.kind)
+            why = f"sev{alert.severity} {alert.kind}"
+            if history:
+                why += f" returned within {self.escalation.window_s:.0f} s of {history[-1][1]}"
+            out += self._remedy(job, alert.kind, action, [alert.incident_id], now, f"{why}: {action}",
+                                source_alert=alert)
+        return out
+
+    def _on_degradation(self, alert: Alert, now: float) -> list[Envelope]:
+        slow = [e for e in alert.evidence if e.get("kind") == "fail_slow" and e.get("before") and e.get("after")]
+        if alert.kind == "fail_slow":
+            slow = slow or [{"subject": alert.subject.model_dump(exclude_none=True), **(alert.evidence[0] if alert.evidence else {})}]
+        for e in slow:
+            job = (e.get("subject") or {}).get("job") or alert.subject.job
+            before, after = e.get("before"), e.get("after")
+            if not job or not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or before <= 0:
+                continue
+            self.mitigation.start(job, float(before), float(after), str(e.get("slowdown_class") or "communication"), now)
+            answered = self._failslow_incident.setdefault(job, [])
+            if alert.incident_id not in answered:
+                answered.append(alert.incident_id)
+        return []
+
+    def _on_resolved(self, alert: Alert) -> list[Envelope]:
+        self._incident_rung.pop(alert.incident_id, None)
+        for job, incidents in list(self._failslow_incident.items()):
+            if alert.incident_id in incidents:
+                incidents.remove(alert.incident_id)
+                if not incidents:
+                    del self._failslow_incident[job]
+                    self.mitigation.stop(job)
+        return []
+
+    # -- action results ----------------------------------------------------
+    def on_action_result(self, result: ActionResult, now: float) -> list[Envelope]:
+        decided = self._decided.get(result.decision_id)
+        if decided is None or result.event_id in self._results_seen:
+            return []
+        self._results_seen.add(result.event_id)
+        if result.state == "running":
+            decided.started_at = now
+            return []
+        if result.state == "succeeded":
+            if decided.started_at is not None:
+                self.mitigation.observe_duration(decided.action, now - decided.started_at)
+            if decided.action in RECOVERING and self._recovered is not None and decided.answers:
+                return list(self._recovered(decided.answers, decided.job, now,
+                                            f"recovered by {decided.action} (decision {result.decision_id})"))
+            return []
+        if result.state in ("failed", "timed_out") and decided.job is not None and decided.action in LADDER:
+            nxt = self.escalation.failed(decided.job, decided.kind, decided.action, now)
+            why = f"{decided.action} {result.state}: {result.detail[:300]}"
+            return self._remedy(decided.job, decided.kind, nxt, decided.answers, now, f"{why}; escalating to {nxt}")
+        return []
+
+    # -- state -------------------------------------------------------------
+    def on_state(self, event: JobState | NodeState, now: float) -> list[Envelope]:
+        """Job and node lifecycle: keep the inventory, re-plan on arrival, finish, join."""
+        if isinstance(event, JobState):
+            job = event.source.job
+            if not job:
+                return []
+            info = self.jobs.setdefault(job, _JobInfo())
+            prev = info.spec
+            info.spec = event
+            info.nodes |= set(event.nodes)
+            arrived = event.state in ("pending", "running") and (prev is None or prev.state in ("completed", "failed", "cancelled"))
+            finished = event.state in ("completed", "failed", "cancelled") and prev is not None and \
+                prev.state not in ("completed", "failed", "cancelled")
+            if arrived or finished:
+                return self._replanning(f"job {job} {'arrived' if arrived else event.state}", now)
+            return []
+        node = event.source.node
+        if not node:
+            return []
+        self.known_nodes.add(node)
+        if event.state in ("lost", "drained"):
+            self.nodes_down.add(node)
+        elif event.state in ("joined", "repaired", "healthy"):
+            back = node in self.nodes_down or event.state == "joined"
+            self.nodes_down.discard(node)
+            if back:
+                return self._replanning(f"node {node} {event.state}", now)
+        return []
+
+    def _replanning(self, trigger: str, now: float) -> list[Envelope]:
+        active = {j: i.spec for j, i in self.jobs.items()
+                  if i.spec is not None and i.spec.state in ("pending", "running", "restarting")}
+        plan: dict[str, Any] = {"trigger": trigger}
+        if self._replan is not None:
+            plan.update(self._replan(active, self.known_nodes - self.nodes_down))  # type: ignore[arg-type]
+        key = f"replan|{trigger}|{now:.3f}"
+        return [Decision(
+            event_id=uuid.uuid5(_DECISION_NS, f"event|{key}"), event_time=from_seconds(now),
+            source=Source(cluster=self.cluster), decision_id=uuid.uuid5(_DECISION_NS, key), idempotency_key=key,
+            action="reconfigure", target=Subject(), reason=f"re-plan all jobs: {trigger}", plan=plan)]
+
+    # -- timers ------------------------------------------------------------
+    def tick(self, now: float) -> list[Envelope]:
+        out: list[Envelope] = []
+        for job, strategy, lost in self.mitigation.tick(now):
+            answers = list(self._failslow_incident.get(job, []))
+            out.append(self._decide(job, "fail_slow", strategy, None, now,
+                                    f"fail-slow has cost {lost:.1f} s, the overhead of {strategy} "
+                                    f"({self.mitigation.overhead_s[strategy]:.1f} s): ski rental buys it",
+                                    self._failslow_plan(job, strategy), answers=answers))
+        self.escalation.forget_before(now - 10 * self.escalation.window_s)
+        return out
+
+    # -- helpers -----------------------------------------------------------
+    def _remedy(self, job: str, kind: str, action: str, answers: list[uuid.UUID], now: float, reason: str,
+                source_alert: Alert | None = None) -> list[Envelope]:
+        self.escalation.acted(job, kind, action, now)
+        nodes = sorted(self.jobs.get(job, _JobInfo()).nodes)
+        culprit = source_alert.subject.node if source_alert is not None else None
+        plan: dict[str, Any]
+        if action == "retry_in_place":
+            rank = source_alert.subject.rank if source_alert is not None else None
+            plan = {"ranks": [] if rank is None else [rank]}
+        elif action == "restart_process":
+            plan = {"nodes": nodes} if nodes else {}
+        elif action == "reconfigure":
+            excluded = sorted({culprit} if culprit else set()) or sorted(self.nodes_down & set(nodes))
+            plan = {"exclude_nodes": excluded}
+        else:
+            plan = {}
+        decision = self._decide(job, kind, action, source_alert, now, reason, plan, answers=answers)
+        out: list[Envelope] = [decision]
+        if action == "notify_human":
+            out.append(self._recovery_failed(job, kind, answers, now, reason))
+        return out
+
+    def _decide(self, job: str | None, kind: str, action: str, alert: Alert | None, now: float, reason: str,
+                plan: dict[str, Any], answers: list[uuid.UUID] | None = None, target: Subject | None = None) -> Decision:
+        answers = list(answers if answers is not None else ([alert.incident_id] if alert else []))
+        attempt = len(self.escalation.history(job, kind)) if job else 0
+        key = f"{job}|{kind}|{action}|{'+'.join(sorted(map(str, answers)))}|{attempt}"
+        decision_id = uuid.uuid5(_DECISION_NS, key)
+        self._decided[decision_id] = _Decided(job, kind, action, answers, now)
+        return Decision(
+            event_id=uuid.uuid5(_DECISION_NS, f"event|{key}"), event_time=from_seconds(now),
+            source=Source(cluster=self.cluster, job=job), decision_id=decision_id, idempotency_key=key,
+            action=action,  # type: ignore[arg-type]
+            target=target or Subject(job=job, node=alert.subject.node if alert else None,
+                                     rank=alert.subject.rank if alert else None),
+            reason=reason, answers=answers, plan=plan)
+
+    def _recovery_failed(self, job: str, kind: str, answers: list[uuid.UUID], now: float, reason: str) -> Alert:
+        incident = uuid.uuid5(_DECISION_NS, f"recovery_failed|{job}|{kind}|{'+'.join(sorted(map(str, answers)))}")
+        tried = ", ".join(a for _, a in self.escalation.history(job, kind))
+        return Alert(
+            event_id=uuid.uuid5(incident, "1"), event_time=from_seconds(now), source=Source(cluster=self.cluster, job=job),
+            incident_id=incident, incident_version=1, status="open", severity=1, kind="recovery_failed",
+            subject=Subject(job=job), onset_time=from_seconds(now), detection_time=from_seconds(now),
+            summary=f"automatic recovery of {job} from {kind} gave up after {tried}: {reason}"[:1000],
+            evidence=[{"answers": [str(a) for a in answers], "tried": tried}], evidence_count=1,
+            detector="decision_engine", detector_version="1")
+
+    def _failslow_plan(self, job: str, strategy: str) -> dict[str, Any]:
+        info = self.jobs.get(job, _JobInfo())
+        if strategy == "checkpoint_restart":
+            return {"nodes": sorted(info.nodes)} if info.nodes else {}
+        return {}
+
+    def _jobs_of(self, alert: Alert) -> list[str]:
+        if alert.subject.job:
+            return [alert.subject.job]
+        jobs = {(e.get("subject") or {}).get("job") for e in alert.evidence}
+        node = alert.subject.node
+        if node:
+            jobs |= {j for j, info in self.jobs.items() if node in info.nodes}
+        return sorted(j for j in jobs if j)
+
+    def _learn_nodes(self, alert: Alert) -> None:
+        for e in alert.evidence:
+            subject = e.get("subject") or {}
+            if subject.get("job") and subject.get("node"):
+                self.jobs.setdefault(subject["job"], _JobInfo()).nodes.add(subject["node"])
+        if alert.subject.job and alert.subject.node:
+            self.jobs.setdefault(alert.subject.job, _JobInfo()).nodes.add(alert.subject.node)

@@ -1,0 +1,184 @@
+"""The decision engine: escalation ladder, ski rental, feedback from actions, re-planning."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from schemas import ActionResult, Alert, Decision, DetectorFinding, JobState, NodeState, Source, Subject, from_seconds
+from streams.decisions import DecisionEngine
+from streams.escalation import Escalation
+from streams.incidents import Correlator
+from streams.skirental import FailSlowMitigation
+
+
+def alert(kind: str, severity: int, *, job: str | None = "gpt", node: str | None = "n1", rank: int | None = None,
+          incident: uuid.UUID | None = None, status: str = "open", version: int = 1, evidence=None) -> Alert:
+    t = from_seconds(1_700_000_000)
+    return Alert(event_time=t, source=Source(), incident_id=incident or uuid.uuid4(), incident_version=version,
+                 status=status, severity=severity, kind=kind, subject=Subject(job=job, node=node, rank=rank),
+                 onset_time=t, detection_time=t, evidence=evidence or [], detector="test", detector_version="1")
+
+
+def result(decision: Decision, state: str, detail: str = "") -> ActionResult:
+    return ActionResult(event_time=from_seconds(1_700_000_000), source=Source(), decision_id=decision.decision_id,
+                        state=state, backend="local", detail=detail)
+
+
+def decisions(out) -> list[Decision]:
+    return [e for e in out if isinstance(e, Decision)]
+
+
+def test_each_severity_enters_its_rung():
+    eng = DecisionEngine()
+    assert [d.action for d in eng.on_alert(alert("nccl_timeout", 3, rank=5), 0)] == ["retry_in_place"]
+    (retry,) = decisions(eng.on_alert(alert("connection_reset", 3, job="bert", rank=5), 0))
+    assert retry.plan == {"ranks": [5]} and retry.target.job == "bert"
+    assert [d.action for d in eng.on_alert(alert("process_exit", 2, job="llama"), 0)] == ["restart_process"]
+    (reconf,) = decisions(eng.on_alert(alert("node_lost", 1, job="t5", node="n9"), 0))
+    assert reconf.action == "reconfigure" and reconf.plan["exclude_nodes"] == ["n9"]
+
+
+def test_a_node_without_jobs_is_isolated_and_a_node_with_jobs_reconfigures_each_job():
+    eng = DecisionEngine()
+    (iso,) = eng.on_alert(alert("xid", 1, job=None, node="n7"), 0)
+    assert iso.action == "isolate_node" and iso.target.node == "n7"
+    ev = [{"kind": "task_hang", "subject": {"job": "a", "node": "n3"}},
+          {"kind": "nccl_timeout", "subject": {"job": "b", "node": "n3", "rank": 2}}]
+    out = decisions(eng.on_alert(alert("node_lost", 1, job=None, node="n3", evidence=ev), 0))
+    assert sorted((d.action, d.target.job, tuple(d.plan["exclude_nodes"])) for d in out) == [
+        ("reconfigure", "a", ("n3",)), ("reconfigure", "b", ("n3",))]
+
+
+def test_the_same_failure_returning_climbs_the_ladder_up_to_a_human():
+    eng = DecisionEngine(escalation=Escalation(window_s=600, max_restarts=2))
+    actions = []
+    for i in range(4):  # the crash comes back after every remedy
+        out = eng.on_alert(alert("process_exit", 2), now=10.0 * i)
+        actions += [d.action for d in decisions(out)]
+    assert actions == ["restart_process", "restart_process", "reconfigure", "notify_human"]
+    (human,) = [a for a in out if isinstance(a, Alert)]
+    assert human.kind == "recovery_failed" and human.severity == 1 and human.subject.job == "gpt"
+    # long after the window it is a new failure again
+    assert [d.action for d in decisions(eng.on_alert(alert("process_exit", 2), now=5000))] == ["restart_process"]
+
+
+def test_a_hang_after_a_crash_is_a_new_failure_at_its_own_rung():
+    eng = DecisionEngine()
+    eng.on_alert(alert("process_exit", 2), 0)
+    assert [d.action for d in decisions(eng.on_alert(alert("task_hang", 2), 30))] == ["restart_process"]
+
+
+def test_a_failed_remedy_escalates_and_a_successful_one_resolves_the_incident():
+    corr = Correlator()
+    eng = DecisionEngine(recovered=corr.recovered)
+    f = DetectorFinding(event_time=from_seconds(100), source=Source(), status="raised", kind="nccl_timeout",
+                        severity=3, subject=Subject(job="gpt", rank=1), onset_time=from_seconds(100),
+                        detector="exception_classifier", detector_version="1")
+    (opened,) = corr.on_finding(f, 100)
+    (retry,) = decisions(eng.on_alert(opened, 100))
+    assert retry.action == "retry_in_place" and retry.answers == [opened.incident_id]
+    assert eng.on_action_result(result(retry, "running"), 101) == []
+    (restart,) = decisions(eng.on_action_result(result(retry, "timed_out", "rank 1 did not answer"), 105))
+    assert restart.action == "restart_process" and "timed_out" in restart.reason and restart.answers == retry.answers
+    eng.on_action_result(result(restart, "running"), 106)
+    (resolved,) = eng.on_action_result(result(restart, "succeeded"), 120)
+    assert resolved.status == "resolved" and resolved.incident_id == opened.incident_id
+    assert "recovered by restart_process" in resolved.summary
+    # a late symptom of the recovered failure opens nothing; one that begins after it does
+    late = f.model_copy(update={"event_id": uuid.uuid4(), "onset_time": from_seconds(110)})
+    assert corr.on_finding(late, 121) == []
+    again = f.model_copy(update={"event_id": uuid.uuid4(), "onset_time": from_seconds(130)})
+    (reopened,) = corr.on_finding(again, 131)
+    assert reopened.status == "open" and reopened.incident_id != opened.incident_id
+    # ... and the decision engine knows it is the same failure returning within the window
+    (climb,) = decisions(eng.on_alert(reopened, 131))
+    assert climb.action == "restart_process" and "returned" in climb.reason
+
+
+def test_redelivery_and_updates_do_not_decide_twice_and_ids_are_deterministic():
+    inc = uuid.uuid4()
+    a1 = alert("process_exit", 2, incident=inc)
+    e1, e2 = DecisionEngine(), DecisionEngine()
+    (d1,) = e1.on_alert(a1, 5)
+    (d2,) = e2.on_alert(a1, 5)
+    assert d1.decision_id == d2.decision_id and d1.idempotency_key == d2.idempotency_key
+    assert e1.on_alert(a1, 6) == []
+    assert e1.on_alert(alert("process_exit", 2, incident=inc, status="update", version=2), 7) == []
+    # the incident gets worse: a sev1 cause took it over
+    (d3,) = e1.on_alert(alert("node_lost", 1, incident=inc, status="update", version=3), 8)
+    assert d3.action == "reconfigure"
+    # a result delivered twice is applied once
+    r = result(d1, "failed", "boom")
+    assert len(decisions(e1.on_action_result(r, 9))) == 1 and e1.on_action_result(r, 9) == []
+
+
+def failslow_alert(job: str, cls: str, before: float, after: float, incident: uuid.UUID | None = None) -> Alert:
+    return alert("fail_slow", 3, job=job, node=None, incident=incident, evidence=[
+        {"kind": "fail_slow", "subject": {"job": job}, "before": before, "after": after, "slowdown_class": cls}])
+
+
+def test_ski_rental_buys_each_strategy_when_the_slowdown_has_paid_for_it():
+    eng = DecisionEngine(mitigation=FailSlowMitigation(
+        {"rebalance_microbatches": 10, "adjust_topology": 40, "checkpoint_restart": 100}))
+    inc = uuid.uuid4()
+    assert eng.on_alert(failslow_alert("gpt", "computation", 1.0, 2.0, inc), 0) == []  # S1: wait
+    bought = []
+    for t in range(0, 400):
+        bought += [(t, d.action) for d in decisions(eng.tick(float(t)))]
+    # 2.0 s iterations instead of 1.0 s: half of every second is lost
+    assert bought == [(20, "rebalance_microbatches"), (80, "adjust_topology"), (200, "checkpoint_restart")]
+
+
+def test_communication_fail_slow_skips_rebalancing_and_ends_when_resolved():
+    eng = DecisionEngine(mitigation=FailSlowMitigation(
+        {"rebalance_microbatches": 1, "adjust_topology": 30, "checkpoint_restart": 100}))
+    inc = uuid.uuid4()
+    eng.on_alert(failslow_alert("bert", "communication", 1.0, 2.0, inc), 0)
+    bought = []
+    for t in range(0, 200):
+        if t == 150:
+            eng.on_alert(alert("fail_slow", 3, job="bert", node=None, incident=inc, status="resolved", version=2), t)
+        bought += [(t, d.action, tuple(d.answers)) for d in decisions(eng.tick(float(t)))]
+    assert bought == [(60, "adjust_topology", (inc,))]  # half of each second lost; stopped before S4 at 200 s
+
+
+def test_overheads_are_learned_from_action_durations():
+    eng = DecisionEngine(mitigation=FailSlowMitigation({"adjust_topology": 100}, learning_rate=0.5))
+    eng.on_alert(failslow_alert("gpt", "communication", 1.0, 3.0, uuid.uuid4()), 0)
+    (d,) = [d for t in range(0, 200) for d in decisions(eng.tick(float(t)))][:1]
+    eng.on_action_result(result(d, "running"), 200)
+    eng.on_action_result(result(d, "succeeded"), 220)
+    assert eng.mitigation.overhead_s["adjust_topology"] == pytest.approx(60.0)
+
+
+def test_arrival_finish_and_join_trigger_replanning():
+    seen = []
+
+    def replan(jobs, healthy):
+        seen.append((sorted(jobs), sorted(healthy)))
+        return {"allocations": {j: 1 for j in jobs}}
+
+    eng = DecisionEngine(replan=replan)
+    t = from_seconds(0)
+    for n in ("n1", "n2"):
+        assert eng.on_state(NodeState(event_time=t, source=Source(node=n), state="healthy"), 0) == []
+    (d,) = eng.on_state(JobState(event_time=t, source=Source(job="a"), state="running", nodes=["n1"]), 1)
+    assert d.action == "reconfigure" and d.plan["trigger"] == "job a arrived" and d.plan["allocations"] == {"a": 1}
+    assert eng.on_state(JobState(event_time=t, source=Source(job="a"), state="running", nodes=["n1"]), 2) == []
+    assert eng.on_state(NodeState(event_time=t, source=Source(node="n2"), state="lost"), 3) == []
+    (d,) = eng.on_state(NodeState(event_time=t, source=Source(node="n2"), state="repaired"), 4)
+    assert d.plan["trigger"] == "node n2 repaired"
+    (d,) = eng.on_state(JobState(event_time=t, source=Source(job="a"), state="completed"), 5)
+    assert d.plan["trigger"] == "job a completed"
+    assert seen[0] == (["a"], ["n1", "n2"]) and seen[1] == (["a"], ["n1", "n2"]) and seen[2] == ([], ["n1", "n2"])
+
+
+def test_invalid_parameters_are_refused():
+    with pytest.raises(ValueError, match="window_s"):
+        Escalation(window_s=0)
+    with pytest.raises(ValueError, match="max_restarts"):
+        Escalation(max_restarts=0)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        FailSlowMitigation({"reboot_the_datacenter": 1.0})
