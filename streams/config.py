@@ -20,6 +20,12 @@ class StreamConfig:
     heartbeat_missed_intervals: float = 2.5
     #: How far back a worker replays a partition it takes over, to rebuild state.
     recovery_window_s: float = 600.0
+    #: Run the decision engine next to the correlator (alerts -> decisions).
+    decide: bool = True
+    #: A failure that returns within this many seconds of its remedy climbs the ladder.
+    escalation_window_s: float = 600.0
+    #: Restarts tried for one failure within the window before reconfiguring.
+    max_restarts: int = 3
 
     def kafka_conf(self, **extra: Any) -> dict[str, Any]:
         """librdkafka configuration for this cluster, plus ``extra``."""

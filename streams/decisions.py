@@ -60,6 +60,7 @@ class _Decided:
     action: str
     answers: list[uuid.UUID]
     at: float
+    culprit: str | None = None  # the node the failure was seen on, to exclude when re-planning
     started_at: float | None = None
 
 
@@ -179,7 +180,8 @@ class DecisionEngine:
         if result.state in ("failed", "timed_out") and decided.job is not None and decided.action in LADDER:
             nxt = self.escalation.failed(decided.job, decided.kind, decided.action, now)
             why = f"{decided.action} {result.state}: {result.detail[:300]}"
-            return self._remedy(decided.job, decided.kind, nxt, decided.answers, now, f"{why}; escalating to {nxt}")
+            return self._remedy(decided.job, decided.kind, nxt, decided.answers, now, f"{why}; escalating to {nxt}",
+                                culprit=decided.culprit)
         return []
 
     # -- state -------------------------------------------------------------
@@ -238,10 +240,11 @@ class DecisionEngine:
 
     # -- helpers -----------------------------------------------------------
     def _remedy(self, job: str, kind: str, action: str, answers: list[uuid.UUID], now: float, reason: str,
-                source_alert: Alert | None = None) -> list[Envelope]:
+                source_alert: Alert | None = None, culprit: str | None = None) -> list[Envelope]:
         self.escalation.acted(job, kind, action, now)
         nodes = sorted(self.jobs.get(job, _JobInfo()).nodes)
-        culprit = source_alert.subject.node if source_alert is not None else None
+        if source_alert is not None:
+            culprit = source_alert.subject.node
         plan: dict[str, Any]
         if action == "retry_in_place":
             rank = source_alert.subject.rank if source_alert is not None else None
@@ -253,19 +256,20 @@ class DecisionEngine:
             plan = {"exclude_nodes": excluded}
         else:
             plan = {}
-        decision = self._decide(job, kind, action, source_alert, now, reason, plan, answers=answers)
+        decision = self._decide(job, kind, action, source_alert, now, reason, plan, answers=answers, culprit=culprit)
         out: list[Envelope] = [decision]
         if action == "notify_human":
             out.append(self._recovery_failed(job, kind, answers, now, reason))
         return out
 
     def _decide(self, job: str | None, kind: str, action: str, alert: Alert | None, now: float, reason: str,
-                plan: dict[str, Any], answers: list[uuid.UUID] | None = None, target: Subject | None = None) -> Decision:
+                plan: dict[str, Any], answers: list[uuid.UUID] | None = None, target: Subject | None = None,
+                culprit: str | None = None) -> Decision:
         answers = list(answers if answers is not None else ([alert.incident_id] if alert else []))
         attempt = len(self.escalation.history(job, kind)) if job else 0
         key = f"{job}|{kind}|{action}|{'+'.join(sorted(map(str, answers)))}|{attempt}"
         decision_id = uuid.uuid5(_DECISION_NS, key)
-        self._decided[decision_id] = _Decided(job, kind, action, answers, now)
+        self._decided[decision_id] = _Decided(job, kind, action, answers, now, culprit=culprit)
         return Decision(
             event_id=uuid.uuid5(_DECISION_NS, f"event|{key}"), event_time=from_seconds(now),
             source=Source(cluster=self.cluster, job=job), decision_id=decision_id, idempotency_key=key,

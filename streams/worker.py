@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from detectors import DetectorError
-from schemas import TOPICS, Alert, DetectorFinding, Envelope, decode, encode, message_key
+from schemas import TOPICS, ActionResult, Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, \
+    encode, message_key
 from streams.config import StreamConfig
+from streams.decisions import DecisionEngine
 from streams.detection import DetectionEngine, EngineParams
+from streams.escalation import Escalation
 from streams.faustapp import VigilApp, create_app
 from streams.incidents import Correlator
 from streams.kafka import dead_letter, refused_event
@@ -46,14 +49,18 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                                                     heartbeat_missed_intervals=config.heartbeat_missed_intervals,
                                                     plugins=tuple(plugins.values())))
     correlator = Correlator()
+    decider = DecisionEngine(Escalation(config.escalation_window_s, config.max_restarts),
+                             recovered=correlator.recovered) if config.decide else None
     app.detection_engine = engine  # type: ignore[attr-defined]
     app.correlator = correlator  # type: ignore[attr-defined]
+    app.decision_engine = decider  # type: ignore[attr-defined]
 
     def raw_topic(event_type: str) -> Any:
         return app.topic(config.topic(event_type), value_type=bytes, key_type=bytes,
                          value_serializer="raw", key_serializer="raw")
 
     alerts_topic = raw_topic("alert")
+    decisions_topic = raw_topic("decision")
     findings_topic = raw_topic("finding")
     dlq_topic = raw_topic("dead_letter")
     owns_correlation = {"yes": False}
@@ -80,6 +87,20 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
             await alerts_topic.send(key=message_key(alert), value=encode(alert))
             log.info("alert %s v%d %s sev%d %s", alert.status, alert.incident_version, alert.kind,
                      alert.severity, alert.subject.model_dump(exclude_none=True))
+            if decider is not None:
+                await publish_decided(decider.on_alert(alert, time.time()))
+
+    async def publish_decided(out: list[Envelope]) -> None:
+        """The decision engine's output: decisions, and alerts calling a human or resolving."""
+        for ev in out:
+            if isinstance(ev, Decision):
+                if ev.event_id in published:
+                    continue
+                published.add(ev.event_id)
+                await decisions_topic.send(key=message_key(ev), value=encode(ev))
+                log.info("decision %s for %s: %s", ev.action, ev.target.model_dump(exclude_none=True), ev.reason)
+            elif isinstance(ev, Alert):
+                await publish_alerts([ev])
 
     # Which subjects each partition carried, to forget them when it moves away.
     subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
@@ -171,7 +192,10 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
             if rec.topic == findings_topic_name:
                 for f in decoded.events:
                     if isinstance(f, DetectorFinding):
-                        correlator.on_finding(f, rec.timestamp or now)  # alerts were published then
+                        # alerts and decisions were published then; the replay rebuilds state only
+                        for alert in correlator.on_finding(f, rec.timestamp or now):
+                            if decider is not None:
+                                decider.on_alert(alert, rec.timestamp or now)
                         replayed_findings += 1
                 continue
             nodes, jobs = subjects_of.setdefault((rec.topic, rec.partition), (set(), set()))
@@ -183,10 +207,11 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
             except DetectorError:
                 pass
         if correlation:
-            recent = await loop.run_in_executor(None, lambda: read_recent(
-                conf, config.topic("alert"), config.recovery_window_s, now))
-            for rec in recent:
-                published.update(a.event_id for a in decode(rec.value).events)
+            for topic in ("alert", "decision"):
+                recent = await loop.run_in_executor(None, lambda: read_recent(
+                    conf, config.topic(topic), config.recovery_window_s, now))
+                for rec in recent:
+                    published.update(a.event_id for a in decode(rec.value).events)
         log.info("recovered state from %d records (%d findings) of %d partition(s)", len(records),
                  replayed_findings, len(partitions))
 
@@ -197,6 +222,7 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
             log.info("loaded detector plugin %s (%s.%s)", name, cls.__module__, cls.__qualname__)
 
     ready = {"written": False}
+    feedback = _Feedback(config, started_at=time.time()) if decider is not None else None
 
     @app.timer(interval=config.tick_interval_s)
     async def tick() -> None:
@@ -206,12 +232,56 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
         await publish_findings(engine.tick(now))
         if owns_correlation["yes"]:
             await publish_alerts(correlator.tick(now))
+            if decider is not None and feedback is not None:
+                for ev, live in feedback.poll():
+                    if isinstance(ev, ActionResult):
+                        out = decider.on_action_result(ev, now)
+                    elif isinstance(ev, (JobState, NodeState)):
+                        out = decider.on_state(ev, now)
+                    else:
+                        continue
+                    if live:
+                        await publish_decided(out)
+                await publish_decided(decider.tick(now))
         if ready_file is not None and not ready["written"] and app.consumer.assignment():
             ready_file.parent.mkdir(parents=True, exist_ok=True)
             ready_file.write_text(str(sorted(f"{tp.topic}:{tp.partition}" for tp in app.consumer.assignment())))
             ready["written"] = True
 
     return app
+
+
+class _Feedback:
+    """What the decision engine hears back: action results and job/node state, read without a group.
+
+    Every worker of the group would otherwise split these partitions, while
+    the one decision engine (next to the correlator) needs them all. What was
+    written before the worker started only rebuilds state (``live`` False).
+    """
+
+    def __init__(self, config: StreamConfig, started_at: float) -> None:
+        self.config = config
+        self.started_at = started_at
+        self._consumer: Any = None
+
+    def poll(self, max_messages: int = 500) -> list[tuple[Envelope, bool]]:
+        from streams.kafka import reader
+
+        if self._consumer is None:
+            self._consumer = reader(self.config.kafka_conf(),
+                                    [self.config.topic(t) for t in ("action_result", "job_state", "node_state")])
+        out = []
+        for msg in self._consumer.consume(max_messages, timeout=0):
+            if msg.error() is not None or msg.value() is None:
+                continue
+            _kind, stamp = msg.timestamp()
+            live = stamp <= 0 or stamp / 1000.0 >= self.started_at - 1.0
+            out.extend((ev, live) for ev in decode(msg.value()).events)
+        return out
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
 
 
 def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING") -> None:
