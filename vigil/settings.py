@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     # -- detector defaults ---------------------------------------------------
     hang_k: float = Field(3.0, gt=1, description="Hang: no iteration within k x the mean iteration time.")
     heartbeat_missed_intervals: float = Field(2.5, ge=1, description="Node lost after this many missed heartbeats.")
+    decide: bool = Field(True, description="Run the decision engine next to the correlator (alerts -> decisions).")
+    escalation_window_s: float = Field(
+        600.0, gt=0, description="A failure returning within this many seconds of its remedy climbs the ladder.")
+    max_restarts: int = Field(3, ge=1, description="Restarts tried for one failure in the window before reconfiguring.")
 
     @field_validator("state_dir")
     @classmethod

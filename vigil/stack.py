@@ -32,7 +32,8 @@ def stream_config(settings: Settings, bootstrap: str, **overrides: Any) -> Strea
         heartbeat_interval_s=settings.heartbeat_interval_s, fetch_max_wait_ms=settings.fetch_max_wait_ms,
         tick_interval_s=settings.tick_interval_s, hang_k=settings.hang_k,
         heartbeat_missed_intervals=settings.heartbeat_missed_intervals,
-        recovery_window_s=settings.recovery_window_s,
+        recovery_window_s=settings.recovery_window_s, decide=settings.decide,
+        escalation_window_s=settings.escalation_window_s, max_restarts=settings.max_restarts,
     )
     values.update(overrides)
     return StreamConfig(**values)
