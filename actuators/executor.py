@@ -1,0 +1,301 @@
+"""The executor: one decision in, action results (and alerts) out; idempotent by decision id.
+
+:meth:`Executor.handle` takes a :class:`~schemas.Decision` and the current
+time and returns the events to publish:
+
+* nothing new for a decision the ledger already holds (same ``decision_id``,
+  or a different decision with an already-used ``idempotency_key``): the
+  recorded final result is returned again, with the same ``event_id``, so a
+  result lost between the ledger and Kafka is re-published and a duplicate
+  is dropped downstream;
+* a refusal (malformed plan, unknown node or job, an action the backend
+  does not support, a stale decision, a safety refusal): ``pending -> failed``,
+  one ``failed`` result with the reason, nothing executed; a refusal by the
+  blast-radius breaker also opens the circuit and adds a sev1
+  ``actuator_circuit_open`` :class:`~schemas.Alert`;
+* otherwise ``pending -> running`` (a ``running`` result) and the backend's
+  final state (``succeeded`` / ``failed`` / ``timed_out``, a second result).
+  A backend that raises is a ``failed`` result with the exception.
+
+``notify_human`` and ``none`` run nothing: one ``succeeded`` result saying so.
+Every state change is checked by :mod:`actuators.state` and written to the
+ledger before the event is returned. Time is an argument (``now``, an aware
+datetime); the executor reads no clock of its own (an owner may pass one
+to stamp when an action finished).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Callable, Iterable
+
+from actuators.backends.base import Backend, Outcome
+from actuators.errors import PlanError
+from actuators.inventory import Inventory
+from actuators.ledger import Ledger, Record
+from actuators.plans import NAME_RE, NO_MACHINE_ACTIONS, Action, parse_action
+from actuators.safety import Safety
+from actuators.state import ActionState
+from schemas import ActionResult, Alert, Decision, Envelope, Source, Subject, to_seconds
+from schemas.envelope import from_seconds
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Executor", "CIRCUIT_ALERT_KIND"]
+
+CIRCUIT_ALERT_KIND = "actuator_circuit_open"
+_NS = uuid.UUID("0b7d2f3c-6a51-4f0e-8a7e-3c1f4b6e9d20")
+
+
+class Executor:
+    """Carry out decisions through ``backend`` with a persisted ``ledger``, an ``inventory`` and ``safety`` checks.
+
+    Parameters
+    ----------
+    backend : Backend
+        What acts (:mod:`actuators.backends`).
+    ledger : Ledger
+        The persisted record of every decision; the executor's safety state is
+        rebuilt from it on construction.
+    inventory : Inventory
+        Known nodes and jobs; feed it ``job_state`` / ``node_state`` events with :meth:`observe`.
+    safety : Safety, optional
+        Circuit breaker, no-progress guard, rate limit (defaults: :class:`~actuators.safety.SafetyLimits`).
+    dry_run : bool
+        Record what would run, run nothing; results say ``dry run: ...`` with backend ``dry-run:<name>``.
+    source : Source, optional
+        Who reports (cluster, node of this actuator); part of every result's identity.
+    max_age_s : float or None
+        Decisions older than this when handled are refused as stale (None: no limit).
+    actions : iterable of str, optional
+        Only these actions are this executor's; decisions for others are ignored
+        (no result, no ledger row), e.g. a node agent leaves ``isolate_node`` to
+        the scheduler's actuator.
+    clock : callable, optional
+        The owner's clock, read only to stamp when an action *finished* (so
+        results carry real durations); without it the final result has ``now``.
+    """
+
+    def __init__(self, backend: Backend, ledger: Ledger, inventory: Inventory, safety: Safety | None = None, *,
+                 dry_run: bool = False, source: Source | None = None, max_age_s: float | None = 600.0,
+                 actions: Iterable[str] | None = None, clock: Callable[[], datetime] | None = None) -> None:
+        self.backend = backend
+        self.ledger = ledger
+        self.inventory = inventory
+        self.safety = safety if safety is not None else Safety()
+        self.dry_run = dry_run
+        self.source = source or Source()
+        self.max_age_s = max_age_s
+        self.actions = frozenset(actions) if actions is not None else None
+        self.clock = clock
+        self.backend_label = f"dry-run:{backend.name}" if dry_run else backend.name
+        self._last_reset = 0
+        self._incident: str | None = None
+        self._replay()
+
+    # -- state from the ledger ----------------------------------------------------------------------------
+
+    def _replay(self) -> None:
+        """Rebuild the safety windows and counts from the ledger (actions and human resets, in time order)."""
+        timeline: list[tuple[float, int, object]] = [(r.created_at, 0, r) for r in self.ledger.history()]
+        resets = self.ledger.resets()
+        timeline += [(r.at, 1, r) for r in resets]
+        for _, _, item in sorted(timeline, key=lambda x: (x[0], x[1])):
+            if isinstance(item, Record):
+                self.safety.record(item.action, item.job, item.created_at, item.progress, item.drained)
+            elif item.kind == "circuit":  # type: ignore[attr-defined]
+                self.safety.reset_circuit()
+            else:
+                self.safety.reset_job(item.job)  # type: ignore[attr-defined]
+        self._last_reset = max((r.id for r in resets), default=0)
+        circuit = self.ledger.circuit()
+        if circuit.is_open:
+            self.safety.open_circuit(circuit.reason, circuit.opened_at or 0.0)
+            self._incident = circuit.incident_id
+
+    def observe(self, event: Envelope) -> bool:
+        """Learn nodes and jobs from a ``job_state`` / ``node_state`` event; True if it was one."""
+        return self.inventory.observe(event)
+
+    def tick(self, now: datetime) -> list[Envelope]:
+        """Apply human resets written to the ledger since the last call; a closed circuit's alert is resolved."""
+        out: list[Envelope] = []
+        for reset in self.ledger.resets(self._last_reset):
+            self._last_reset = reset.id
+            if reset.kind == "job" and reset.job:
+                log.warning("no-progress guard of job %s reset by %s", reset.job, reset.who or "a human")
+                self.safety.reset_job(reset.job)
+                continue
+            was_open, reason = self.safety.circuit_open, self.safety.circuit_reason
+            self.safety.reset_circuit()
+            self.ledger.apply_circuit_reset()
+            log.warning("circuit breaker reset by %s", reset.who or "a human")
+            if was_open and self._incident is not None:
+                out.append(self._circuit_alert(now, "resolved", 2, Subject(),
+                                               f"circuit breaker reset by {reset.who or 'a human'}; actuator acting again "
+                                               f"(it had opened: {reason})"[:1000], {"reset_id": reset.id}))
+                self._incident = None
+        return out
+
+    def recovered_results(self, now: datetime) -> list[ActionResult]:
+        """Final results of actions a crashed actuator left running (marked failed when the ledger opened)."""
+        return [self._result_from(rec.decision_id, rec, now, job=rec.job) for rec in self.ledger.recovered]
+
+    # -- handling one decision ----------------------------------------------------------------------------
+
+    def handle(self, decision: Decision, now: datetime,
+               emit: Callable[[Envelope], None] | None = None) -> list[Envelope]:
+        """Carry out ``decision`` (or not); return the events to publish, in order.
+
+        ``emit``, when given, is called with each event as soon as it exists:
+        the ``running`` result before the backend runs, so it can be published
+        while a long action is under way. The returned list holds them all.
+        """
+        out: list[Envelope] = []
+
+        def send(events: list[Envelope]) -> list[Envelope]:
+            out.extend(events)
+            if emit is not None:
+                for event in events:
+                    emit(event)
+            return out
+
+        send(self.tick(now))
+        if self.actions is not None and decision.action not in self.actions:
+            log.info("decision %s (%s) is not for this actuator; ignored", decision.decision_id, decision.action)
+            return out
+        known = self.ledger.lookup(decision)
+        if known is not None:
+            return send(self._replayed(decision, known, now))
+        t = to_seconds(now)
+        rec, created = self.ledger.begin(decision, self.backend_label, t)
+        if not created:  # recorded between lookup and begin (another thread): the same as known
+            return send(self._replayed(decision, rec, now))
+        did = decision.decision_id
+
+        def refuse(why: str) -> list[Envelope]:
+            log.warning("decision %s (%s) refused: %s", did, decision.action, why)
+            final = self.ledger.transition(did, ActionState.failed, t, detail=why)
+            return send([self._result(decision, final.state, final.detail, now)])
+
+        try:
+            action = parse_action(decision)
+        except PlanError as exc:
+            return refuse(f"malformed plan: {exc}")
+        if self.max_age_s is not None and t - to_seconds(decision.event_time) > self.max_age_s:
+            age = t - to_seconds(decision.event_time)
+            return refuse(f"stale decision: made at {decision.event_time.isoformat()}, {age:.0f} s ago "
+                          f"(at most {self.max_age_s:g} s); not acting on an old picture of the cluster")
+        if action.action in NO_MACHINE_ACTIONS:
+            return send(self._no_machine_action(action, t, now))
+        if action.action not in self.backend.supports:
+            return refuse(f"{action.action} is not supported by the {self.backend.name} backend "
+                          f"(it supports: {', '.join(sorted(self.backend.supports))})")
+        unknown = self._unknown_targets(action, check_nodes=getattr(self.backend, "acts_on_nodes", True))
+        if unknown:
+            return refuse(unknown)
+        progress = self.safety.progress_of(action)
+        refusal = self.safety.check(action, t, len(self.inventory.nodes), progress)
+        if refusal is not None:
+            refuse(refusal.reason)
+            if refusal.opens_circuit:
+                send(self._open_circuit(action, refusal.reason, t, now))
+            return out
+        # From here on the action runs: count it first (its effect may be partial even if it fails).
+        self.safety.record(action.action, action.job, t, progress, action.drains)
+        ignored = f" (ignored plan keys: {', '.join(action.ignored_keys)})" if action.ignored_keys else ""
+        running = self.ledger.transition(did, ActionState.running, t, executed=True, progress=progress,
+                                         drained=action.drains,
+                                         detail=f"{self.backend_label}: {action.action} started{ignored}")
+        send([self._result(decision, running.state, running.detail, now)])
+        try:
+            outcome = self.backend.execute(action, dry_run=self.dry_run)
+            if not outcome.state.terminal:
+                raise ValueError(f"backend {self.backend.name} returned the non-final state {outcome.state.value}")
+        except Exception as exc:
+            log.exception("backend %s failed on decision %s", self.backend.name, did)
+            outcome = Outcome(ActionState.failed, f"backend {self.backend.name} raised {type(exc).__name__}: {exc}")
+        # The end of an action is stamped by the owner's clock when it gave one (durations feed the
+        # decision engine's cost estimates), else it is ``now``.
+        done = self.clock() if self.clock is not None else now
+        final = self.ledger.transition(did, outcome.state, to_seconds(done), detail=outcome.detail + ignored,
+                                       commands=outcome.argv)
+        (log.info if final.state is ActionState.succeeded else log.warning)(
+            "decision %s (%s on %s): %s: %s", did, action.action, action.job or action.node, final.state.value, final.detail)
+        return send([self._result(decision, final.state, final.detail, done)])
+
+    def _no_machine_action(self, action: Action, t: float, now: datetime) -> list[Envelope]:
+        did = action.decision.decision_id
+        self.ledger.transition(did, ActionState.running, t)
+        if action.action == "notify_human":
+            detail = ("no machine action: a human is told through this decision and the alerts it answers "
+                      f"({action.reason or 'no reason given'})")
+        else:
+            detail = f"nothing to do: the decision is to take no action ({action.reason or 'no reason given'})"
+        final = self.ledger.transition(did, ActionState.succeeded, t, detail=detail)
+        return [self._result(action.decision, final.state, final.detail, now)]
+
+    def _unknown_targets(self, action: Action, check_nodes: bool = True) -> str | None:
+        problems = []
+        if action.job is not None and not self.inventory.knows_job(action.job):
+            problems.append(f"unknown job {action.job!r}")
+        nodes = [n for n in action.named_nodes if not self.inventory.knows_node(n)] if check_nodes else []
+        if nodes:
+            problems.append(f"unknown node{'s' if len(nodes) > 1 else ''} {', '.join(repr(n) for n in nodes[:10])}")
+        if not problems:
+            return None
+        return (f"{' and '.join(problems)}: not in this actuator's inventory ({len(self.inventory.nodes)} nodes, "
+                f"{len(self.inventory.jobs)} jobs, from --node/--job/--inventory and the state topics); nothing executed")
+
+    def _open_circuit(self, action: Action, why: str, t: float, now: datetime) -> list[Envelope]:
+        incident = str(uuid.uuid5(_NS, f"circuit/{self.source.cluster}/{self.source.node}/{t!r}"))
+        self.safety.open_circuit(why, t)
+        self.ledger.open_circuit(why, t, incident)
+        self._incident = incident
+        log.error("circuit breaker open: %s", why)
+        summary = (f"actuator circuit breaker open: {why}"[:900] + "; a human must look, then `vigil actuate --reset-circuit`")
+        return [self._circuit_alert(now, "open", 1, Subject(job=action.job, node=action.node), summary,
+                                    {"decision_id": action.decision_id, "action": action.action,
+                                     "drains": list(action.drains),
+                                     "drained_in_window": sorted(self.safety.drained_in_window(t))[:100]})]
+
+    def _circuit_alert(self, now: datetime, status: str, version: int, subject: Subject, summary: str,
+                       evidence: dict) -> Alert:
+        assert self._incident is not None
+        return Alert(event_id=uuid.uuid5(_NS, f"alert/{self._incident}/{version}"), event_time=now,
+                     source=Source(cluster=self.source.cluster, node=self.source.node),
+                     incident_id=uuid.UUID(self._incident), incident_version=version, status=status, severity=1,
+                     kind=CIRCUIT_ALERT_KIND, subject=subject,
+                     onset_time=from_seconds(self.safety.circuit_opened_at) if self.safety.circuit_opened_at else now,
+                     detection_time=now, summary=summary, evidence=[evidence], evidence_count=1,
+                     detector="actuator.circuit_breaker", detector_version="1")
+
+    # -- results ------------------------------------------------------------------------------------------
+
+    def _replayed(self, decision: Decision, rec: Record, now: datetime) -> list[Envelope]:
+        if not rec.state.terminal:
+            return []  # being handled elsewhere; that handler reports
+        if rec.decision_id == str(decision.decision_id):
+            return [self._result_from(rec.decision_id, rec, now, job=decision.target.job)]
+        detail = (f"duplicate of decision {rec.decision_id} (idempotency key {decision.idempotency_key!r}); "
+                  f"nothing done; that decision {rec.state.value}: {rec.detail}")
+        return [self._result(decision, rec.state, detail, now, backend=rec.backend)]
+
+    def _result_from(self, decision_id: str, rec: Record, now: datetime, job: str | None) -> ActionResult:
+        return self._make(uuid.UUID(decision_id), rec.state, rec.detail, now, rec.backend, job)
+
+    def _result(self, decision: Decision, state: ActionState, detail: str, now: datetime,
+                backend: str | None = None) -> ActionResult:
+        return self._make(decision.decision_id, state, detail, now, backend or self.backend_label, decision.target.job)
+
+    def _make(self, decision_id: uuid.UUID, state: ActionState, detail: str, now: datetime, backend: str,
+              job: str | None) -> ActionResult:
+        # One id per (decision, state, reporter): a re-published result is the same event.
+        eid = uuid.uuid5(_NS, f"result/{decision_id}/{state.value}/{self.source.cluster}/{self.source.node}")
+        if job is not None and not NAME_RE.match(job):
+            job = None  # a malformed target is not repeated into the result's source
+        return ActionResult(event_id=eid, event_time=now,
+                            source=Source(cluster=self.source.cluster, node=self.source.node, job=job),
+                            decision_id=decision_id, state=state.value, backend=backend, detail=detail[:4000])

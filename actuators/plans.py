@@ -1,0 +1,208 @@
+"""A decision's target and plan, validated into an :class:`Action` the backends can trust.
+
+The plan contract per action (what the decision engine emits)::
+
+    retry_in_place          target.job   plan {"ranks": [global ranks]}      (empty/missing: every rank)
+    restart_process         target.job   plan {"nodes": [...]}               (missing: all of the job's)
+    checkpoint_restart      target.job   plan {"nodes": [...]}               (checkpoint, then restart)
+    isolate_node            target.node  plan {"reason": str}
+    reconfigure             target.job   plan {"exclude_nodes": [...], "workers": int, "placement": {...}}
+    rebalance_microbatches  target.job   plan {"microbatches": [ints >= 1]}
+    adjust_topology         target.job   plan {"swaps": [[node_a, node_b], ...]}
+    notify_human, none      -            (no machine action)
+
+Any plan may carry ``progress_step`` (the job's training step when the
+decision was made; the no-progress guard uses it). Keys a plan does not know
+are not an error (the engine may carry its own bookkeeping) but are listed in
+:attr:`Action.ignored_keys`, so what was ignored is said.
+
+Names (jobs, nodes) must match :data:`NAME_RE` so that they can be argv
+elements of scheduler commands: no leading ``-`` (no option injection), no
+spaces, quotes, ``$``, ``;`` or control characters. Reason text is free but
+goes through :func:`clean_reason` (control characters out, length capped)
+and is always passed as one argv element, never through a shell.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from actuators.errors import PlanError
+from schemas import Decision
+
+__all__ = [
+    "Action", "JOB_ACTIONS", "NAME_RE", "NO_MACHINE_ACTIONS", "RESTART_ACTIONS", "check_name", "clean_reason",
+    "parse_action",
+]
+
+#: What a job or node name may look like (a DNS name, a Slurm job id, a k8s object name...).
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+
+#: Actions with no machine effect: the executor answers them itself.
+NO_MACHINE_ACTIONS = frozenset({"notify_human", "none"})
+#: Actions that act on a job (target.job required).
+JOB_ACTIONS = frozenset({"retry_in_place", "restart_process", "checkpoint_restart", "reconfigure",
+                         "rebalance_microbatches", "adjust_topology"})
+#: Actions that restart a job's processes (the no-progress guard counts them).
+RESTART_ACTIONS = frozenset({"restart_process", "checkpoint_restart", "reconfigure"})
+
+_PLAN_KEYS: dict[str, frozenset[str]] = {
+    "retry_in_place": frozenset({"ranks"}),
+    "restart_process": frozenset({"nodes"}),
+    "checkpoint_restart": frozenset({"nodes"}),
+    "isolate_node": frozenset({"reason"}),
+    "reconfigure": frozenset({"exclude_nodes", "workers", "placement"}),
+    "rebalance_microbatches": frozenset({"microbatches"}),
+    "adjust_topology": frozenset({"swaps"}),
+    "notify_human": frozenset(),
+    "none": frozenset(),
+}
+_COMMON_KEYS = frozenset({"progress_step"})
+
+REASON_MAX = 200
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def check_name(value: object, field: str) -> str:
+    """``value`` if it is a valid job/node name, else :class:`PlanError` naming ``field``."""
+    if not isinstance(value, str):
+        raise PlanError(f"{field}: expected a name (string), got {type(value).__name__}", field)
+    if not NAME_RE.match(value):
+        raise PlanError(f"{field}: {value[:80]!r} is not a valid name (expected {NAME_RE.pattern})", field)
+    return value
+
+
+def clean_reason(text: object, limit: int = REASON_MAX) -> str:
+    """Reason text safe to pass as one argv element: control characters become spaces, capped at ``limit``."""
+    cleaned = " ".join(_CONTROL.sub(" ", str(text)).split())
+    return cleaned[:limit]
+
+
+def _int(value: object, field: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlanError(f"{field}: expected an integer >= {minimum}, got {value!r:.80}", field)
+    if value < minimum:
+        raise PlanError(f"{field}: expected an integer >= {minimum}, got {value}", field)
+    return value
+
+
+def _list(plan: dict[str, Any], key: str) -> list[Any]:
+    value = plan.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise PlanError(f"plan.{key}: expected a list, got {type(value).__name__}", f"plan.{key}")
+    return value
+
+
+def _names(plan: dict[str, Any], key: str) -> tuple[str, ...]:
+    out = tuple(check_name(v, f"plan.{key}[{i}]") for i, v in enumerate(_list(plan, key)))
+    if len(set(out)) != len(out):
+        raise PlanError(f"plan.{key}: a node is named twice in {list(out)}", f"plan.{key}")
+    return out
+
+
+@dataclass(frozen=True)
+class Action:
+    """A validated decision: what to do, to what, with which parameters."""
+
+    decision: Decision
+    action: str
+    job: str | None = None
+    node: str | None = None
+    ranks: tuple[int, ...] = ()
+    nodes: tuple[str, ...] = ()
+    exclude_nodes: tuple[str, ...] = ()
+    workers: int | None = None
+    placement: dict[str, Any] | None = None
+    microbatches: tuple[int, ...] = ()
+    swaps: tuple[tuple[str, str], ...] = ()
+    reason: str = ""
+    progress_step: int | None = None
+    ignored_keys: tuple[str, ...] = field(default=())
+
+    @property
+    def decision_id(self) -> str:
+        return str(self.decision.decision_id)
+
+    @property
+    def drains(self) -> tuple[str, ...]:
+        """Nodes this action takes out of service (what the blast-radius breaker counts)."""
+        if self.action == "isolate_node" and self.node is not None:
+            return (self.node,)
+        if self.action == "reconfigure":
+            return self.exclude_nodes
+        return ()
+
+    @property
+    def named_nodes(self) -> tuple[str, ...]:
+        """Every node the action names (each must be a known node)."""
+        out: list[str] = [self.node] if self.node is not None else []
+        out += list(self.nodes) + list(self.exclude_nodes)
+        for a, b in self.swaps:
+            out += [a, b]
+        return tuple(dict.fromkeys(out))
+
+
+def parse_action(decision: Decision) -> Action:
+    """Validate ``decision``'s target and plan for its action; :class:`PlanError` says what is wrong."""
+    act = decision.action
+    plan = decision.plan
+    target = decision.target
+    job = check_name(target.job, "target.job") if target.job is not None else None
+    node = check_name(target.node, "target.node") if target.node is not None else None
+    if act in JOB_ACTIONS and job is None:
+        raise PlanError(f"{act} needs target.job (the job to act on); the decision names none", "target.job")
+    if act == "isolate_node" and node is None:
+        raise PlanError("isolate_node needs target.node (the node to isolate); the decision names none", "target.node")
+    known = _PLAN_KEYS[act] | _COMMON_KEYS
+    ignored = tuple(sorted(k for k in plan if k not in known))
+    progress = plan.get("progress_step")
+    kw: dict[str, Any] = dict(
+        decision=decision, action=act, job=job, node=node, ignored_keys=ignored,
+        progress_step=None if progress is None else _int(progress, "plan.progress_step", 0),
+        reason=clean_reason(decision.reason),
+    )
+    if act == "retry_in_place":
+        ranks = tuple(_int(r, f"plan.ranks[{i}]", 0) for i, r in enumerate(_list(plan, "ranks")))
+        if len(set(ranks)) != len(ranks):
+            raise PlanError(f"plan.ranks: a rank is named twice in {list(ranks)}", "plan.ranks")
+        kw["ranks"] = ranks
+    elif act in ("restart_process", "checkpoint_restart"):
+        kw["nodes"] = _names(plan, "nodes")
+    elif act == "isolate_node":
+        reason = plan.get("reason")
+        if reason is not None:
+            if not isinstance(reason, str):
+                raise PlanError(f"plan.reason: expected a string, got {type(reason).__name__}", "plan.reason")
+            kw["reason"] = clean_reason(reason)
+    elif act == "reconfigure":
+        kw["exclude_nodes"] = _names(plan, "exclude_nodes")
+        if plan.get("workers") is not None:
+            kw["workers"] = _int(plan["workers"], "plan.workers", 1)
+        placement = plan.get("placement")
+        if placement is not None:
+            if not isinstance(placement, dict):
+                raise PlanError(f"plan.placement: expected an object, got {type(placement).__name__}", "plan.placement")
+            kw["placement"] = placement
+    elif act == "rebalance_microbatches":
+        mbs = _list(plan, "microbatches")
+        if not mbs:
+            raise PlanError("plan.microbatches: expected a non-empty list of integers >= 1", "plan.microbatches")
+        kw["microbatches"] = tuple(_int(m, f"plan.microbatches[{i}]", 1) for i, m in enumerate(mbs))
+    elif act == "adjust_topology":
+        swaps = _list(plan, "swaps")
+        if not swaps:
+            raise PlanError("plan.swaps: expected a non-empty list of [node_a, node_b] pairs", "plan.swaps")
+        pairs = []
+        for i, pair in enumerate(swaps):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise PlanError(f"plan.swaps[{i}]: expected a pair [node_a, node_b], got {pair!r:.80}", f"plan.swaps[{i}]")
+            a, b = (check_name(n, f"plan.swaps[{i}][{j}]") for j, n in enumerate(pair))
+            if a == b:
+                raise PlanError(f"plan.swaps[{i}]: swapping {a!r} with itself", f"plan.swaps[{i}]")
+            pairs.append((a, b))
+        kw["swaps"] = tuple(pairs)
+    return Action(**kw)
