@@ -150,7 +150,8 @@ class Safety:
                 last = progress if progress is not None else stall.last_step
                 why = (f"no progress after {stall.restarts} restarts: last step {'unknown' if last is None else last}"
                        + (f", step at the first of them {stall.baseline}" if stall.baseline is not None else "")
-                       + f"; not restarting job {job} again (a human can lift this: vigil actuate --reset-job {job})")
+                       + f"; not restarting job {job} again (a human can lift this: "
+                       f"vigil actuate --reset-job {job} --ledger <this actuator's ledger>)")
                 self.given_up[job] = why
                 return Refusal(why, gave_up=True)
         if action.drains:

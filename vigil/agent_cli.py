@@ -59,6 +59,17 @@ def agent(
     control_dir: Optional[Path] = typer.Option(None, help="Directory of the ranks' control sockets (VIGIL_CONTROL_DIR)."),
     spool_dir: Optional[Path] = typer.Option(None, help="Disk spool for broker outages (default: <state dir>/spool)."),
     spool_max_mb: int = typer.Option(256, min=1, help="Bound of the spool on disk, in MiB."),
+    actuate: bool = typer.Option(
+        False, "--actuate", help="Also carry out decisions for --job on the launched ranks (retry in place, restart, "
+        "checkpoint-restart) with the local backend; see below."),
+    actuate_dry_run: bool = typer.Option(False, "--actuate-dry-run", help="With --actuate: say what would be done, do nothing."),
+    actuate_ledger: Optional[Path] = typer.Option(
+        None, help="With --actuate: the actuator's ledger (default: <state dir>/agent-<node>-<job>-ledger.sqlite)."),
+    max_restarts_without_progress: int = typer.Option(
+        3, min=1, help="With --actuate: restarts without a new training step before the agent gives up."),
+    restart_grace: float = typer.Option(10.0, min=0.0, help="With --actuate: seconds between SIGTERM and SIGKILL on a restart."),
+    checkpoint_wait: float = typer.Option(
+        120.0, min=0.0, help="With --actuate: seconds the ranks get to save and exit before a checkpoint-restart."),
     duration: Optional[float] = typer.Option(None, help="Stop after this many seconds (default: run until stopped)."),
     log_level: str = typer.Option("WARNING", help="Python log level of the agent."),
 ) -> None:
@@ -80,6 +91,16 @@ def agent(
     MASTER_ADDR, ... and VIGIL_JOB/VIGIL_HOOKS_SOCKET set), reports every exit
     with its code or signal, and exits when they have all exited, with
     torchrun's exit code. Stop it with Ctrl-C or SIGTERM.
+
+    With --actuate (needs --job and a command) the agent also consumes the
+    decisions for its job and carries out those a node can: retry_in_place
+    (the ranks' control sockets), restart_process (stop every rank, launch
+    again with VIGIL_RESTART_COUNT + 1) and checkpoint_restart (ranks save and
+    exit, then restart); each decision at most once (a ledger). Ranks it stops
+    itself are not reported as failures. It then exits when every rank exited
+    0, on Ctrl-C/SIGTERM, or, with a nonzero code and the reason, when the
+    no-progress guard gives up (--max-restarts-without-progress restarts
+    without a new training step).
     """
     from producers.agent import (
         Agent, DiskWatchdog, GpuMemoryWatchdog, HeartbeatCollector, JobLivenessWatchdog, KmsgCollector,
@@ -102,6 +123,8 @@ def agent(
         raise typer.Exit(2) from None
     if job_liveness and not job:
         raise typer.BadParameter("--job-liveness needs --job")
+    if actuate and not (job and command):
+        raise typer.BadParameter("--actuate needs --job and a training command after `--`")
     try:
         bootstrap = resolve_bootstrap(settings)
     except StackError as exc:
@@ -140,8 +163,37 @@ def agent(
         supervisor = ProcessSupervisor(0.5, source, command, nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                                        master_addr=master_addr, master_port=master_port, env=env)
         collectors.append(supervisor)
-    runner = Agent([c for c in collectors if c is not supervisor], publisher, source, supervisor=supervisor, batcher=batcher)
     stop = threading.Event()
+    actuator = None
+    if actuate:
+        from actuators.errors import ActuatorError
+        from actuators.safety import SafetyLimits
+        from vigil.actuate import ActuatedSupervisor, AgentActuator
+
+        def give_up(reason: str) -> None:
+            typer.echo(f"vigil agent: {reason}; stopping", err=True)
+            stop.set()
+
+        try:
+            actuator = AgentActuator(
+                supervisor, job=job, node=node_name, cluster=cluster,  # type: ignore[arg-type]
+                kafka_conf={"bootstrap.servers": bootstrap, **settings.kafka_security()}, prefix=settings.topic_prefix,
+                ledger_path=actuate_ledger or state / f"agent-{node_name}-{job}-ledger.sqlite",
+                control_dir=control_dir, batcher=batcher, dry_run=actuate_dry_run,
+                limits=SafetyLimits(max_restarts_without_progress=max_restarts_without_progress),
+                grace_s=restart_grace, checkpoint_wait_s=checkpoint_wait,
+                session_timeout_s=settings.session_timeout_s, heartbeat_interval_s=settings.heartbeat_interval_s,
+                on_give_up=give_up)
+        except ActuatorError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        # Exits are published as they happen (they are what the decisions answer).
+        view = ActuatedSupervisor(supervisor, actuator)
+        runner = Agent([c for c in collectors if c is not supervisor] + [view], publisher, source, supervisor=view,
+                       batcher=batcher)
+    else:
+        runner = Agent([c for c in collectors if c is not supervisor], publisher, source, supervisor=supervisor,
+                       batcher=batcher)
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()
@@ -149,7 +201,16 @@ def agent(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     typer.echo(f"vigil agent on {node_name}: {len(collectors)} collectors, hooks socket {sock}, broker {bootstrap}", err=True)
-    code = runner.run(duration_s=duration, stop=stop)
+    if actuator is not None:
+        actuator.start()
+    try:
+        code = runner.run(duration_s=duration, stop=stop)
+    finally:
+        if actuator is not None:
+            actuator.stop()
+    if actuator is not None and actuator.gave_up is not None:
+        typer.echo(f"vigil agent: exiting because {actuator.gave_up}", err=True)
+        code = code or 1
     raise typer.Exit(code)
 
 

@@ -331,6 +331,15 @@ def _register_producer_commands() -> None:
 _register_producer_commands()
 
 
+def _register_actuator_commands() -> None:
+    from vigil.actuate import actuate
+
+    app.command("actuate")(actuate)
+
+
+_register_actuator_commands()
+
+
 def main() -> None:
     app()
 

@@ -5,8 +5,15 @@ rank, with the environment torchrun sets (``RANK``, ``LOCAL_RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``) and what the hooks read (``VIGIL_JOB``,
 ``VIGIL_NODE``, ``VIGIL_CLUSTER``, ``VIGIL_HOOKS_SOCKET``,
-``VIGIL_CONTROL_DIR``), and reports each exit as a
+``VIGIL_CONTROL_DIR``, ``VIGIL_RESTART_COUNT``), and reports each exit as a
 :class:`~schemas.ProcessExit` with its exit code or the signal that killed it.
+
+:meth:`ProcessSupervisor.restart` stops every rank (SIGTERM, SIGKILL after a
+grace period) and launches them again with ``VIGIL_RESTART_COUNT`` one
+higher. A process the supervisor stops itself (a restart, or
+:meth:`~ProcessSupervisor.terminate` at shutdown) did not fail: its exit is
+logged, not published; a rank that exited on its own before is still
+reported.
 
 :class:`PidWatcher` watches processes it did not start (``/proc/<pid>``);
 the exit status of a process that is not our child cannot be known on
@@ -15,16 +22,21 @@ Linux, so its exit carries neither code nor signal.
 
 from __future__ import annotations
 
+import logging
 import os
 import shlex
 import signal
 import subprocess
+import threading
+import time
 from datetime import datetime
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from producers.agent.base import Collector
 from schemas import Envelope, ProcessExit, Source
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ProcessSupervisor", "PidWatcher", "exit_event"]
 
@@ -62,6 +74,12 @@ class ProcessSupervisor(Collector):
         self.procs: list[subprocess.Popen] = []
         self._reported: set[int] = set()
         self.returncodes: dict[int, int] = {}
+        #: Restarts so far; the ranks see it as VIGIL_RESTART_COUNT.
+        self.restart_count = 0
+        self._lock = threading.RLock()  # collect() and restart() run on different threads
+        self._restarting = False
+        self._closed = False  # terminate() was called: no more restarts
+        self._carried: list[tuple[int, subprocess.Popen, int]] = []  # exits seen by restart(), reported by collect()
 
     def rank_env(self, local_rank: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -75,6 +93,7 @@ class ProcessSupervisor(Collector):
             "NODE_RANK": str(self.node_rank),
             "MASTER_ADDR": self.master_addr,
             "MASTER_PORT": str(self.master_port),
+            "VIGIL_RESTART_COUNT": str(self.restart_count),
         })
         if self.source.job:
             env["VIGIL_JOB"] = self.source.job
@@ -82,6 +101,10 @@ class ProcessSupervisor(Collector):
             env["VIGIL_NODE"] = self.source.node
         env["VIGIL_CLUSTER"] = self.source.cluster
         return env
+
+    @property
+    def global_ranks(self) -> list[int]:
+        return [self.node_rank * self.nproc + lr for lr in range(self.nproc)]
 
     def start(self) -> None:
         for lr in range(self.nproc):
@@ -98,7 +121,10 @@ class ProcessSupervisor(Collector):
 
     @property
     def done(self) -> bool:
-        return bool(self.procs) and all(p.poll() is not None for p in self.procs)
+        if self._restarting:
+            return False
+        procs = self.procs
+        return bool(procs) and all(p.poll() is not None for p in procs)
 
     @property
     def exit_code(self) -> int:
@@ -112,25 +138,91 @@ class ProcessSupervisor(Collector):
     def collect(self, now: datetime) -> list[Envelope]:
         out: list[Envelope] = []
         cmd = shlex.join(self.command)[:2000]
-        for lr, p in enumerate(self.procs):
-            rc = p.poll()
-            if rc is not None and p.pid not in self._reported:
-                self._reported.add(p.pid)
+        with self._lock:
+            exited, self._carried = self._carried, []
+            for lr, p in enumerate(self.procs):
+                rc = p.poll()
+                if rc is not None and p.pid not in self._reported:
+                    self._reported.add(p.pid)
+                    exited.append((lr, p, rc))
+            for lr, p, rc in exited:
                 self.returncodes[lr] = rc
                 src = self.source.model_copy(update={"rank": self.node_rank * self.nproc + lr})
                 out.append(exit_event(now, src, p.pid, rc, lr, cmd))
         return out
 
-    def terminate(self, timeout_s: float = 10.0) -> None:
-        for p in self.procs:
+    def _stop(self, reason: str, grace_s: float, wait_s: float = 0.0,
+              prepare: Callable[[], bool] | None = None) -> None:
+        """Stop the live ranks as a deliberate act: their exits are logged, never published.
+
+        Ranks that already exited on their own keep their (published) exit.
+        ``prepare`` runs once the live ranks are marked as ours to stop (e.g.
+        it asks them to save and exit); when it returns True the ranks get
+        ``wait_s`` to exit by themselves before SIGTERM.
+        """
+        mine: list[tuple[int, subprocess.Popen]] = []
+        for lr, p in enumerate(self.procs):
+            if p.pid in self._reported:
+                continue
+            rc = p.poll()
+            if rc is not None:  # exited on its own, not yet collected: a real exit, still reported
+                self._reported.add(p.pid)
+                self._carried.append((lr, p, rc))
+            else:
+                self._reported.add(p.pid)  # ours to stop: never reported as an exit
+                mine.append((lr, p))
+        expect_exits = prepare() if prepare is not None else wait_s > 0
+        if expect_exits and wait_s > 0:
+            deadline = time.monotonic() + wait_s
+            for _, p in mine:
+                try:
+                    p.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    break
+        for _, p in mine:
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in self.procs:
+        deadline = time.monotonic() + grace_s
+        for _, p in mine:
             try:
-                p.wait(timeout=timeout_s)
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for lr, p in mine:
+            log.info("rank %d (pid %d) stopped by the supervisor (%s): returncode %s; not a failure, not reported",
+                     self.node_rank * self.nproc + lr, p.pid, reason, p.returncode)
+
+    def restart(self, reason: str, *, grace_s: float = 10.0, wait_s: float = 0.0,
+                prepare: Callable[[], bool] | None = None) -> int:
+        """Stop every rank (SIGTERM, SIGKILL after ``grace_s``) and launch them all again; return the restart count.
+
+        The new ranks get the same environment with ``VIGIL_RESTART_COUNT``
+        one higher. ``prepare`` (optional) runs first, once the live ranks
+        are marked as stopped on purpose (so their exits are not reported);
+        if it returns True (e.g. it asked them to save and exit) the ranks
+        get ``wait_s`` to exit on their own. Raises what launching raises.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the supervisor is shutting down; not restarting")
+            self._restarting = True
+            try:
+                self._stop(f"restart: {reason}", grace_s, wait_s, prepare)
+                self.restart_count += 1
+                self.procs = []
+                log.warning("restarting %d rank(s) of job %s (restart %d): %s", self.nproc, self.source.job,
+                            self.restart_count, reason)
+                self.start()
+            finally:
+                self._restarting = False
+        return self.restart_count
+
+    def terminate(self, timeout_s: float = 10.0) -> None:
+        """Stop every live rank (SIGTERM, then SIGKILL after ``timeout_s``); a deliberate stop, not reported."""
+        with self._lock:
+            self._closed = True
+            self._stop("terminate", timeout_s)
 
 
 class PidWatcher(Collector):

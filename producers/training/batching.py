@@ -7,6 +7,11 @@ type and key (all ranks' iteration timings of a job are one group) and
 publishes each group as one Kafka message every ``max_delay_s`` or when
 ``max_events`` are waiting. Kafka sees a handful of messages per interval
 per node instead of one per rank per step.
+
+It also remembers the highest training step it has seen per job
+(:meth:`NodeBatcher.highest_step`), which the local actuator's no-progress
+guard reads: a job whose step no longer rises across restarts is not
+making progress.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class NodeBatcher:
         self.published_events = 0
         self.published_messages = 0
         self._groups: dict[tuple[str, bytes], list[Envelope]] = {}
+        self._steps: dict[str, int] = {}
         self._waiting = 0
         self._oldest: float | None = None
         self._stop = threading.Event()
@@ -114,14 +120,22 @@ class NodeBatcher:
             self.bad += len(errors)
             log.warning("bad hook records: %s", "; ".join(errors[:3]))
         urgent = False
+        steps = self._steps
         for ev in events:
             self._groups.setdefault((ev.event_type, message_key(ev)), []).append(ev)  # type: ignore[attr-defined]
             urgent = urgent or ev.event_type == "training_exception"  # type: ignore[attr-defined]
+            step = getattr(ev, "step", None)
+            if step is not None and ev.source.job is not None and step > steps.get(ev.source.job, -1):
+                steps[ev.source.job] = step
         self._waiting += len(events)
         if self._oldest is None and events:
             self._oldest = now
         if urgent:  # the process may be exiting: no batching delay
             self.flush()
+
+    def highest_step(self, job: str) -> int | None:
+        """The highest training step seen from ``job``'s ranks on this node (None: none seen yet)."""
+        return self._steps.get(job)
 
     def flush(self) -> None:
         groups, self._groups = self._groups, {}

@@ -1,0 +1,461 @@
+"""The actuator service: decisions from Kafka through an :class:`~actuators.executor.Executor`, results back.
+
+:class:`ActuatorService` is a plain confluent-kafka consumer (like the history
+sink): it reads ``<prefix>.decisions`` and, for the inventory,
+``<prefix>.state.jobs`` and ``<prefix>.state.nodes``; it publishes action
+results to ``<prefix>.actions``, circuit-breaker alerts to
+``<prefix>.alerts``, and messages it cannot use to ``<prefix>.deadletter``
+(with the reason and the raw bytes), and goes on. Offsets are committed only
+after the results of a batch are delivered (at-least-once); the ledger makes
+a redelivered decision a no-op that re-publishes its recorded result.
+
+``vigil actuate`` runs it with a Slurm, Kubernetes or local backend;
+``vigil agent --actuate`` runs one inside the node agent with the local
+backend on the agent's own process supervisor (:class:`SupervisorControl`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Callable, Iterable, List, Optional
+
+import typer
+
+from actuators.backends import ControlDirProcesses, KubernetesBackend, LocalBackend, SlurmBackend
+from actuators.executor import Executor
+from schemas import Decision, Envelope, encode, message_key, topic_name
+from schemas.envelope import to_seconds, utcnow
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ActuatedSupervisor", "ActuatorService", "AgentActuator", "SupervisorControl", "actuate"]
+
+
+class SupervisorControl:
+    """:class:`~actuators.backends.local.ProcessControl` on top of a :class:`~producers.agent.ProcessSupervisor`."""
+
+    def __init__(self, supervisor: Any, job: str, grace_s: float = 10.0) -> None:
+        self.supervisor = supervisor
+        self.job = job
+        self.grace_s = grace_s
+
+    def jobs(self) -> set[str]:
+        return {self.job}
+
+    def ranks(self, job: str) -> list[int]:
+        return list(self.supervisor.global_ranks) if job == self.job else []
+
+    def restart(self, job: str, reason: str, wait_s: float = 0.0,
+                prepare: Callable[[], bool] | None = None) -> None:
+        if job != self.job:
+            raise ValueError(f"this supervisor runs job {self.job}, not {job}")
+        self.supervisor.restart(reason, grace_s=self.grace_s, wait_s=wait_s, prepare=prepare)
+
+
+class ActuatorService:
+    """Consume decisions (and job/node state) into ``executor``; publish what it says.
+
+    ``filter_jobs``: act only on decisions whose target job is one of these
+    (others are skipped and committed). ``clock`` is the only clock read.
+    """
+
+    def __init__(self, executor: Executor, kafka_conf: dict[str, Any], prefix: str, *, group_id: str,
+                 filter_jobs: Iterable[str] | None = None, clock: Callable[[], datetime] = utcnow,
+                 ready_file: Path | None = None, batch_size: int = 100, poll_timeout_s: float = 0.2,
+                 session_timeout_s: float = 6.0, heartbeat_interval_s: float = 1.0,
+                 max_action_s: float = 900.0) -> None:
+        from confluent_kafka import Consumer, Producer
+
+        self.executor = executor
+        self.prefix = prefix
+        self.filter_jobs = frozenset(filter_jobs) if filter_jobs else None
+        self.clock = clock
+        self.ready_file = ready_file
+        self.batch_size = batch_size
+        self.poll_timeout_s = poll_timeout_s
+        self.decisions_topic = topic_name("decision", prefix)
+        self.state_topics = (topic_name("job_state", prefix), topic_name("node_state", prefix))
+        self.handled = 0
+        self.dead_letters = 0
+        self.busy = False
+        self.failure: BaseException | None = None
+        self._last_tick = 0.0
+        self._consumer = Consumer({
+            **kafka_conf, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "session.timeout.ms": int(session_timeout_s * 1000),
+            "heartbeat.interval.ms": int(heartbeat_interval_s * 1000),
+            # An action (a checkpoint-restart, a drain of many nodes) may take minutes between polls.
+            "max.poll.interval.ms": int(max_action_s * 1000), "fetch.wait.max.ms": 20,
+        })
+        self._producer = Producer({**kafka_conf, "enable.idempotence": True, "acks": "all", "linger.ms": 5})
+        self._consumer.subscribe([self.decisions_topic, *self.state_topics], on_assign=self._on_assign)
+
+    def _on_assign(self, consumer: Any, partitions: list[Any]) -> None:
+        if self.ready_file is not None and not self.ready_file.exists():
+            self.ready_file.parent.mkdir(parents=True, exist_ok=True)
+            self.ready_file.write_text(json.dumps({"pid": os.getpid(), "partitions": len(partitions)}))
+
+    # -- publishing --------------------------------------------------------------------------------------
+
+    def publish(self, event: Envelope) -> None:
+        topic = topic_name(event.event_type, self.prefix)  # type: ignore[attr-defined]
+        self._producer.produce(topic, encode(event), key=message_key(event))
+        self._producer.poll(0)
+
+    def _flush(self, timeout_s: float = 30.0) -> None:
+        left = self._producer.flush(timeout_s)
+        if left:
+            raise RuntimeError(f"{left} result message(s) not delivered within {timeout_s:g} s; offsets not committed")
+
+    # -- the loop ----------------------------------------------------------------------------------------
+
+    def start_up(self) -> None:
+        """Publish the final results of actions a crashed actuator left running (ledger recovery)."""
+        for event in self.executor.recovered_results(self.clock()):
+            self.publish(event)
+        self._flush()
+
+    def poll_once(self) -> int:
+        """Handle one batch of messages, publish, commit; return messages handled."""
+        from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, TopicPartition
+
+        from schemas import decode
+        from streams.kafka import dead_letter, refused_event
+
+        messages = self._consumer.consume(self.batch_size, timeout=self.poll_timeout_s)
+        offsets: dict[tuple[str, int], int] = {}
+        for msg in messages:
+            if msg.error():
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error: %s", msg.error())
+                continue
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            kind, ms = msg.timestamp()
+            decoded = decode(msg.value())
+            for err in decoded.errors:
+                self.publish(dead_letter(err, topic, partition, offset,
+                                         ms / 1000.0 if kind != TIMESTAMP_NOT_AVAILABLE else None))
+                self.dead_letters += 1
+                log.warning("dead-lettered a message at %s/%d/%d: %s: %s", topic, partition, offset, err.reason,
+                            err.detail)
+            for event in decoded.events:
+                if topic == self.decisions_topic:
+                    if not isinstance(event, Decision):
+                        self.publish(refused_event(event, f"a {event.event_type} event on the decisions topic "  # type: ignore[attr-defined]
+                                                          "(only decision events belong there)", topic, partition, offset,
+                                                   msg.value() if len(decoded.events) == 1 else None))
+                        self.dead_letters += 1
+                        continue
+                    if self.filter_jobs is not None and event.target.job not in self.filter_jobs:
+                        continue
+                    self.busy = True
+                    try:
+                        self.executor.handle(event, self.clock(), emit=self.publish)
+                    finally:
+                        self.busy = False
+                    self.handled += 1
+                else:
+                    self.executor.observe(event)
+            offsets[(topic, partition)] = offset + 1
+        now = time.monotonic()
+        if now - self._last_tick >= 1.0:  # human resets written to the ledger
+            self._last_tick = now
+            for event in self.executor.tick(self.clock()):
+                self.publish(event)
+        if messages or offsets:
+            self._flush()
+        if offsets:
+            self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                                  asynchronous=False)
+        return len(messages)
+
+    def run(self, stop: threading.Event, until: Callable[[], bool] | None = None) -> None:
+        """Poll until ``stop`` is set (or ``until()`` is true); Kafka hiccups are logged and retried."""
+        from confluent_kafka import KafkaException
+
+        try:
+            self.start_up()
+            while not stop.is_set() and not (until is not None and until()):
+                try:
+                    self.poll_once()
+                except KafkaException as exc:
+                    # e.g. a commit during a rebalance: results are out; the batch may be redelivered
+                    # and the ledger makes it a no-op.
+                    log.warning("actuator: %s; continuing", exc)
+        except BaseException as exc:
+            self.failure = exc
+            log.exception("actuator stopped")
+            raise
+
+    def close(self) -> None:
+        try:
+            self._producer.flush(10)
+        finally:
+            self._consumer.close()
+
+
+class AgentActuator:
+    """``vigil agent --actuate``: the local backend on the agent's own supervisor, fed by an :class:`ActuatorService`.
+
+    It takes the decisions for ``job`` that a local supervisor can carry out
+    (retry in place, restart, checkpoint-restart; other actions are left to a
+    scheduler's actuator), in a consumer group of its own (every node's agent
+    sees every decision for its job and acts on its own ranks). Progress for
+    the no-progress guard is the highest step the node batcher has seen for
+    the job (and the decision's ``plan["progress_step"]``). When the guard
+    gives up, ``on_give_up(reason)`` is called once and the thread ends.
+    """
+
+    def __init__(self, supervisor: Any, *, job: str, node: str, cluster: str, kafka_conf: dict[str, Any], prefix: str,
+                 ledger_path: Path, control_dir: str | os.PathLike | None = None, batcher: Any = None,
+                 limits: Any = None, dry_run: bool = False, grace_s: float = 10.0, checkpoint_wait_s: float = 120.0,
+                 max_age_s: float | None = 600.0, group_id: str | None = None, session_timeout_s: float = 6.0,
+                 heartbeat_interval_s: float = 1.0, ready_file: Path | None = None,
+                 on_give_up: Callable[[str], None] | None = None) -> None:
+        from actuators.inventory import Inventory
+        from actuators.ledger import Ledger
+        from actuators.safety import Safety, SafetyLimits
+        from schemas import Source
+
+        self.job = job
+        self.control = SupervisorControl(supervisor, job, grace_s)
+        backend = LocalBackend(self.control, control_dir, node=node, checkpoint_wait_s=checkpoint_wait_s)
+        progress = getattr(batcher, "highest_step", None)
+        self.ledger = Ledger(ledger_path, now=to_seconds(utcnow()))
+        self.executor = Executor(backend, self.ledger, Inventory(nodes=[node], jobs=[job]),
+                                 Safety(limits or SafetyLimits(), progress=progress), dry_run=dry_run,
+                                 source=Source(cluster=cluster, node=node), max_age_s=max_age_s,
+                                 actions=LocalBackend.supports, clock=utcnow)
+        self.service = ActuatorService(self.executor, kafka_conf, prefix,
+                                       group_id=group_id or f"{prefix}-agent-actuator-{node}-{job}",
+                                       filter_jobs=[job], ready_file=ready_file, session_timeout_s=session_timeout_s,
+                                       heartbeat_interval_s=heartbeat_interval_s)
+        self.on_give_up = on_give_up
+        self.gave_up: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def busy(self) -> bool:
+        """True while a decision is being carried out (ranks may be down on purpose)."""
+        return self.service.busy
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            self.service.run(self._stop, until=lambda: self.job in self.executor.safety.given_up)
+        except Exception as exc:  # noqa: BLE001 - reported to the agent, which stops
+            self.gave_up = f"the actuator stopped: {type(exc).__name__}: {exc}"
+        else:
+            reason = self.executor.safety.given_up.get(self.job)
+            if reason is not None:
+                self.gave_up = f"the no-progress guard gave up on job {self.job}: {reason}"
+        if self.gave_up is not None and self.on_give_up is not None:
+            self.on_give_up(self.gave_up)
+
+    def start(self) -> "AgentActuator":
+        self._thread = threading.Thread(target=self._run, name="vigil-agent-actuator", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        try:
+            self.service.close()
+        finally:
+            self.ledger.close()
+
+
+class ActuatedSupervisor:
+    """The agent's view of a supervisor under ``--actuate``: done only when every rank exited 0.
+
+    Failed ranks wait for decisions (a restart brings them back); nothing
+    counts as done while the actuator is carrying out a decision.
+    """
+
+    def __init__(self, supervisor: Any, actuator: AgentActuator) -> None:
+        self._supervisor = supervisor
+        self._actuator = actuator
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._supervisor, name)
+
+    @property
+    def done(self) -> bool:
+        sup = self._supervisor
+        return sup.done and sup.exit_code == 0 and not self._actuator.busy
+
+
+# -- the command line ------------------------------------------------------------------------------------
+
+_HELP = """Carry out decisions: consume <prefix>.decisions, act, publish results to <prefix>.actions.
+
+\b
+How it acts (--backend):
+  slurm       restart: scontrol requeue JOB
+              isolate_node: scontrol update nodename=N state=drain reason=..
+              reconfigure: drain the excluded nodes, then requeue (with
+              --slurm-resubmit-script: sbatch --dependency=afterany:JOB,
+              then scancel JOB)
+  kubernetes  isolate_node: kubectl cordon N
+              restart: kubectl delete pod -l LABEL=JOB
+              reconfigure: cordon, delete the pods there, kubectl scale
+  local       retry_in_place through the ranks' control sockets here
+              (restarts need `vigil agent --actuate -- CMD`)
+
+\b
+Safety:
+  * targets must be known: --node, --job, --inventory FILE, plus what
+    the state.jobs / state.nodes topics say; others are refused
+  * commands are argv lists of validated names, never a shell string
+  * each decision acts at most once: the --ledger (SQLite) records every
+    decision id and idempotency key; a redelivered decision re-publishes
+    its recorded result; an action cut short by a crash is reported
+    failed, never re-run
+  * blast radius: at most --max-drained-nodes nodes and
+    --max-drained-fraction of the known cluster per --drain-window;
+    beyond: refuse, raise a sev1 actuator_circuit_open alert, and take
+    no action until a human runs `vigil actuate --reset-circuit`
+  * no progress: after --max-restarts-without-progress restarts of a
+    job without a new training step, stop restarting it (--reset-job)
+  * --rate-limit actions per job per --rate-window; decisions older
+    than --max-decision-age are refused as stale
+  * --dry-run: say what would run ("dry run: ..."), run nothing
+
+\b
+Examples:
+  vigil actuate --backend slurm --inventory cluster.json --dry-run
+  vigil actuate --backend kubernetes --k8s-namespace train --node gpu-01
+  vigil actuate --reset-circuit     # a human looked: act again
+"""
+
+
+def _ledger_default(state_dir: Path) -> Path:
+    return state_dir / "actuator-ledger.sqlite"
+
+
+def actuate(
+    backend: str = typer.Option("slurm", "--backend", help="How to act: slurm, kubernetes or local."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Record what would run; run nothing (results say 'dry run: ...')."),
+    ledger: Optional[Path] = typer.Option(None, "--ledger", help="The actuator's ledger (default: <state dir>/actuator-ledger.sqlite)."),
+    node: Optional[List[str]] = typer.Option(None, "--node", help="A node the actuator may act on (repeatable)."),
+    job: Optional[List[str]] = typer.Option(None, "--job", help="A job the actuator may act on (repeatable)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help='JSON file with "nodes" (a list of names) and "jobs" (a list, or an object: job -> its nodes).'),
+    filter_job: Optional[List[str]] = typer.Option(None, "--filter-job", help="Act only on decisions for this job (repeatable)."),
+    max_drained_nodes: int = typer.Option(4, min=1, help="Circuit breaker: most nodes isolated per window."),
+    max_drained_fraction: float = typer.Option(0.10, min=0.0, max=1.0, help="Circuit breaker: most fraction of the known cluster isolated per window (one node may always go)."),
+    drain_window: float = typer.Option(3600.0, min=1.0, help="Circuit breaker window, seconds."),
+    max_restarts_without_progress: int = typer.Option(3, min=1, help="No-progress guard: restarts of a job with no new training step before it stops restarting."),
+    rate_limit: int = typer.Option(6, min=1, help="Most actions per job per --rate-window."),
+    rate_window: float = typer.Option(600.0, min=1.0, help="Rate-limit window, seconds."),
+    max_decision_age: float = typer.Option(600.0, min=0.0, help="Refuse decisions older than this many seconds (0: no limit)."),
+    command_timeout: float = typer.Option(60.0, min=0.1, help="A backend command that runs longer is killed: timed_out."),
+    slurm_resubmit_script: Optional[Path] = typer.Option(None, help="Slurm: reconfigure resubmits this batch script (sbatch --dependency=afterany) instead of requeueing."),
+    k8s_namespace: str = typer.Option("default", help="Kubernetes namespace of the training pods."),
+    k8s_job_label: str = typer.Option("job-name", help="Kubernetes pod label whose value is the job id."),
+    k8s_kind: str = typer.Option("statefulset", help="Kubernetes kind that `kubectl scale` resizes for reconfigure."),
+    control_dir: Optional[Path] = typer.Option(None, help="Local: directory of the ranks' control sockets (VIGIL_CONTROL_DIR)."),
+    group_id: Optional[str] = typer.Option(None, help="Consumer group (default: <prefix>-actuator)."),
+    cluster: str = typer.Option("default", help="Cluster name in the results."),
+    reset_circuit: bool = typer.Option(False, "--reset-circuit", help="Close the circuit breaker in --ledger (a running actuator picks it up) and exit."),
+    reset_job: Optional[List[str]] = typer.Option(None, "--reset-job", help="Lift the no-progress guard of this job in --ledger and exit (repeatable)."),
+    ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
+    log_level: str = typer.Option("INFO", help="Python log level."),
+) -> None:
+    from actuators.errors import ActuatorError
+    from actuators.inventory import Inventory
+    from actuators.ledger import Ledger
+    from actuators.safety import Safety, SafetyLimits
+    from schemas import Source
+    from vigil.broker import StackError
+    from vigil.settings import Settings
+    from vigil.stack import resolve_bootstrap
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = Settings()
+    except Exception as exc:
+        typer.echo(f"error: invalid VIGIL_* setting: {exc}", err=True)
+        raise typer.Exit(2) from None
+    ledger_path = ledger or _ledger_default(settings.state_dir)
+    who = f"{os.environ.get('USER', '?')}@{socket.gethostname()}"
+    if reset_circuit or reset_job:
+        try:
+            if reset_circuit:
+                Ledger.request_reset(ledger_path, at=to_seconds(utcnow()), kind="circuit", who=who)
+                typer.echo(f"circuit breaker reset in {ledger_path}")
+            for j in reset_job or []:
+                Ledger.request_reset(ledger_path, at=to_seconds(utcnow()), kind="job", job=j, who=who)
+                typer.echo(f"no-progress guard of job {j} reset in {ledger_path}")
+        except ActuatorError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        raise typer.Exit(0)
+    if backend not in ("slurm", "kubernetes", "local"):
+        raise typer.BadParameter(f"--backend must be slurm, kubernetes or local, got {backend!r}")
+    try:
+        inv = Inventory.load(inventory, node or [], job or []) if inventory else Inventory(node or [], job or [])
+        limits = SafetyLimits(max_drained_nodes=max_drained_nodes, max_drained_fraction=max_drained_fraction,
+                              drain_window_s=drain_window, max_restarts_without_progress=max_restarts_without_progress,
+                              rate_limit=rate_limit, rate_window_s=rate_window)
+        if backend == "slurm":
+            be: Any = SlurmBackend(command_timeout, resubmit_script=slurm_resubmit_script)
+        elif backend == "kubernetes":
+            be = KubernetesBackend(command_timeout, namespace=k8s_namespace, job_label=k8s_job_label, kind=k8s_kind)
+        else:
+            be = LocalBackend(ControlDirProcesses(control_dir), control_dir, command_timeout_s=min(command_timeout, 30.0))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        bootstrap = resolve_bootstrap(settings)
+    except StackError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        book = Ledger(ledger_path, now=to_seconds(utcnow()))
+    except ActuatorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    executor = Executor(be, book, inv, Safety(limits), dry_run=dry_run, source=Source(cluster=cluster, node=socket.gethostname()),
+                        max_age_s=max_decision_age or None, clock=utcnow)
+    service = ActuatorService(executor, {"bootstrap.servers": bootstrap, **settings.kafka_security()},
+                              settings.topic_prefix, group_id=group_id or f"{settings.topic_prefix}-actuator",
+                              filter_jobs=filter_job, ready_file=ready_file,
+                              session_timeout_s=settings.session_timeout_s,
+                              heartbeat_interval_s=settings.heartbeat_interval_s)
+    stop = threading.Event()
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    typer.echo(f"vigil actuate: backend {executor.backend_label}, ledger {ledger_path} ({book.count()} decisions), "
+               f"{inv}, broker {bootstrap}", err=True)
+    if executor.safety.circuit_open:
+        typer.echo(f"warning: the circuit breaker is open ({executor.safety.circuit_reason}); "
+                   "no machine action until `vigil actuate --reset-circuit`", err=True)
+    code = 0
+    try:
+        service.run(stop)
+    except Exception as exc:
+        typer.echo(f"error: actuator stopped: {exc}", err=True)
+        code = 1
+    finally:
+        service.close()
+        book.close()
+    raise typer.Exit(code)
+
+
+actuate.__doc__ = _HELP
