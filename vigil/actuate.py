@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import threading
 import time
 from datetime import datetime
@@ -29,6 +30,7 @@ from typing import Any, Callable, Iterable, List, Optional
 import typer
 
 from actuators.backends import ControlDirProcesses, KubernetesBackend, LocalBackend, SlurmBackend
+from actuators.errors import ActuatorError
 from actuators.executor import Executor
 from schemas import Decision, Envelope, encode, message_key, topic_name
 from schemas.envelope import to_seconds, utcnow
@@ -158,6 +160,13 @@ class ActuatorService:
                     self.busy = True
                     try:
                         self.executor.handle(event, self.clock(), emit=self.publish)
+                    except (sqlite3.Error, ActuatorError):
+                        raise  # the ledger is unusable (or inconsistent): stop, uncommitted, and say so
+                    except Exception as exc:  # a bug on one decision must not stop every later one
+                        log.exception("actuator failed on decision %s", event.decision_id)
+                        self.publish(refused_event(event, f"the actuator failed on this decision: "
+                                                          f"{type(exc).__name__}: {exc}", topic, partition, offset))
+                        self.dead_letters += 1
                     finally:
                         self.busy = False
                     self.handled += 1
@@ -374,7 +383,6 @@ def actuate(
     ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
     log_level: str = typer.Option("INFO", help="Python log level."),
 ) -> None:
-    from actuators.errors import ActuatorError
     from actuators.inventory import Inventory
     from actuators.ledger import Ledger
     from actuators.safety import Safety, SafetyLimits
