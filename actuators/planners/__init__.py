@@ -1,0 +1,33 @@
+"""Planners: pure functions that decide allocations and layouts (no I/O, no clock).
+
+- :mod:`~actuators.planners.waf`: multi-job re-planning, the worker allocation
+  maximising weighted achieved FLOP/s (Unicron).
+- :mod:`~actuators.planners.placement`: topology-aware placement of a DP x PP
+  job on minipods (Arnold), with best-fit, random-fit and packing baselines.
+- :mod:`~actuators.planners.microbatch`: micro-batch rebalancing across DP
+  groups (Falcon, mitigation S2).
+- :mod:`~actuators.planners.topology`: straggler consolidation and congested
+  link re-routing by node swaps (Falcon, mitigation S3).
+
+Every planner validates its inputs and raises ``ValueError`` naming the
+offending field; ``vigil bench planners`` measures their speed.
+"""
+
+from actuators.planners.microbatch import MicrobatchPlan, rebalance_microbatches
+from actuators.planners.placement import (
+    Placement,
+    place_best_fit,
+    place_job,
+    place_packing,
+    place_random_fit,
+    placement_spread,
+)
+from actuators.planners.topology import TopologyPlan, consolidate_stragglers, reroute_congested_link
+from actuators.planners.waf import JobSpec, Plan, job_gains, plan_workers
+
+__all__ = [
+    "JobSpec", "Plan", "job_gains", "plan_workers",
+    "Placement", "place_job", "place_best_fit", "place_random_fit", "place_packing", "placement_spread",
+    "MicrobatchPlan", "rebalance_microbatches",
+    "TopologyPlan", "consolidate_stragglers", "reroute_congested_link",
+]
