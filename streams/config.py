@@ -17,6 +17,7 @@ class StreamConfig:
     fetch_max_wait_ms: int = 20
     tick_interval_s: float = 0.1
     hang_k: float = 3.0
+    hang_min_timeout_s: float = 0.0
     heartbeat_missed_intervals: float = 2.5
     #: How far back a worker replays a partition it takes over, to rebuild state.
     recovery_window_s: float = 600.0

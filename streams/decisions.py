@@ -49,6 +49,8 @@ _DECISION_NS = uuid.UUID("5b2f6d0a-8c3e-4f1a-b7d9-2e6c4a8f1d07")
 #: Kinds that are degradations, not fail-stops: mitigated by ski rental, not by the ladder.
 DEGRADATIONS = GPU_CAUSES | LINK_CAUSES | {"fail_slow", "straggler", "recovery", "recovery_failed",
                                            "actuator_circuit_open"}
+#: The severity each rung answers (Unicron: sev3 retry, sev2 restart, sev1 reconfigure).
+RUNG_SEVERITY = {"retry_in_place": 3, "restart_process": 2, "reconfigure": 1, "notify_human": 1}
 #: Remedies after which the failure counts as recovered when the actuator reports success.
 RECOVERING = {"retry_in_place", "restart_process", "reconfigure", "checkpoint_restart", "isolate_node"}
 
@@ -88,12 +90,26 @@ class DecisionEngine:
         the multi-job plan to carry in a re-planning decision.
     cluster : str
         Cluster name stamped on what the engine emits.
+    settle_s : float
+        A sev3 failure is answered after this long, unless a graver cause
+        takes its incident over first (0: at once).
+    inflight_timeout_s : float
+        A new failure of a job joins the remedy under way (same rung or
+        higher) for this long; past it, with no result heard (no actuator
+        took the decision), the failure gets its own remedy.
     """
 
     def __init__(self, escalation: Escalation | None = None, mitigation: FailSlowMitigation | None = None,
                  recovered: Callable[[list[uuid.UUID], str | None, float, str], list[Alert]] | None = None,
                  replan: Callable[[dict[str, JobState], set[str]], dict[str, Any]] | None = None,
-                 cluster: str = "default") -> None:
+                 cluster: str = "default", settle_s: float = 1.0, inflight_timeout_s: float = 120.0) -> None:
+        if not settle_s >= 0:
+            raise ValueError(f"settle_s must be >= 0 s, got {settle_s}")
+        if not inflight_timeout_s > 0:
+            raise ValueError(f"inflight_timeout_s must be > 0 s, got {inflight_timeout_s}")
+        self.settle_s = settle_s
+        self.inflight_timeout_s = inflight_timeout_s
+        self._settling: dict[uuid.UUID, tuple[Alert, float]] = {}
         self.escalation = escalation or Escalation()
         self.mitigation = mitigation or FailSlowMitigation()
         self._recovered = recovered
@@ -106,6 +122,9 @@ class DecisionEngine:
         self._incident_rung: dict[uuid.UUID, int] = {}
         self._failslow_incident: dict[str, list[uuid.UUID]] = {}
         self._results_seen: set[uuid.UUID] = set()
+        #: job -> the remedy under way (no final result yet): a second failure of the job it covers
+        #: joins it instead of starting another (a crash and its peers' errors are one restart).
+        self._inflight: dict[str, uuid.UUID] = {}
 
     # -- alerts ------------------------------------------------------------
     def on_alert(self, alert: Alert, now: float) -> list[Envelope]:
@@ -114,11 +133,20 @@ class DecisionEngine:
             return self._on_resolved(alert)
         if alert.kind in DEGRADATIONS:
             return self._on_degradation(alert, now)
-        jobs = self._jobs_of(alert)
         rung = 2 if alert.severity == 1 else 1 if alert.severity == 2 else 0
         if self._incident_rung.get(alert.incident_id, -1) >= rung:
             return []  # an update that does not make it worse: already answered
         self._incident_rung[alert.incident_id] = rung
+        if alert.severity == 3 and self.settle_s > 0:
+            # The peers of a crashed rank report their broken connections a moment before the
+            # crash itself is known: wait briefly for the cause rather than race its remedy.
+            self._settling[alert.incident_id] = (alert, now + self.settle_s)
+            return []
+        self._settling.pop(alert.incident_id, None)
+        return self._answer(alert, now)
+
+    def _answer(self, alert: Alert, now: float) -> list[Envelope]:
+        jobs = self._jobs_of(alert)
         if not jobs:
             if alert.severity == 1 and alert.subject.node:
                 return [self._decide(None, alert.kind, "isolate_node", alert, now,
@@ -128,6 +156,12 @@ class DecisionEngine:
         out: list[Envelope] = []
         for job in jobs:
             action = self.escalation.next_action(job, alert.kind, alert.severity, now)
+            running = self._decided.get(self._inflight.get(job))  # type: ignore[arg-type]
+            if running is not None and running.action in LADDER and \
+                    LADDER.index(running.action) >= LADDER.index(action) and now - running.at < self.inflight_timeout_s:
+                if alert.incident_id not in running.answers:
+                    running.answers.append(alert.incident_id)
+                continue
             history = self.escalation.history(job, alert.kind)
             why = f"sev{alert.severity} {alert.kind}"
             if history:
@@ -153,6 +187,7 @@ class DecisionEngine:
 
     def _on_resolved(self, alert: Alert) -> list[Envelope]:
         self._incident_rung.pop(alert.incident_id, None)
+        self._settling.pop(alert.incident_id, None)
         for job, incidents in list(self._failslow_incident.items()):
             if alert.incident_id in incidents:
                 incidents.remove(alert.incident_id)
@@ -170,6 +205,8 @@ class DecisionEngine:
         if result.state == "running":
             decided.started_at = now
             return []
+        if decided.job is not None and self._inflight.get(decided.job) == result.decision_id:
+            del self._inflight[decided.job]
         if result.state == "succeeded":
             if decided.started_at is not None:
                 self.mitigation.observe_duration(decided.action, now - decided.started_at)
@@ -180,7 +217,8 @@ class DecisionEngine:
         if result.state in ("failed", "timed_out") and decided.job is not None and decided.action in LADDER:
             nxt = self.escalation.failed(decided.job, decided.kind, decided.action, now)
             why = f"{decided.action} {result.state}: {result.detail[:300]}"
-            return self._remedy(decided.job, decided.kind, nxt, decided.answers, now, f"{why}; escalating to {nxt}",
+            return self._remedy(decided.job, decided.kind, nxt, decided.answers, now,
+                                f"{why}; escalating to {nxt} (sev{RUNG_SEVERITY[nxt]})",
                                 culprit=decided.culprit)
         return []
 
@@ -229,6 +267,10 @@ class DecisionEngine:
     # -- timers ------------------------------------------------------------
     def tick(self, now: float) -> list[Envelope]:
         out: list[Envelope] = []
+        for incident, (alert, due) in list(self._settling.items()):
+            if now >= due:
+                del self._settling[incident]
+                out += self._answer(alert, now)
         for job, strategy, lost in self.mitigation.tick(now):
             answers = list(self._failslow_incident.get(job, []))
             out.append(self._decide(job, "fail_slow", strategy, None, now,
@@ -270,6 +312,8 @@ class DecisionEngine:
         key = f"{job}|{kind}|{action}|{'+'.join(sorted(map(str, answers)))}|{attempt}"
         decision_id = uuid.uuid5(_DECISION_NS, key)
         self._decided[decision_id] = _Decided(job, kind, action, answers, now, culprit=culprit)
+        if job is not None and action in LADDER and action != "notify_human":
+            self._inflight[job] = decision_id
         return Decision(
             event_id=uuid.uuid5(_DECISION_NS, f"event|{key}"), event_time=from_seconds(now),
             source=Source(cluster=self.cluster, job=job), decision_id=decision_id, idempotency_key=key,
@@ -309,5 +353,8 @@ class DecisionEngine:
             subject = e.get("subject") or {}
             if subject.get("job") and subject.get("node"):
                 self.jobs.setdefault(subject["job"], _JobInfo()).nodes.add(subject["node"])
+            if subject.get("job") and isinstance(e.get("job_nodes"), list):
+                self.jobs.setdefault(subject["job"], _JobInfo()).nodes.update(
+                    n for n in e["job_nodes"] if isinstance(n, str))
         if alert.subject.job and alert.subject.node:
             self.jobs.setdefault(alert.subject.job, _JobInfo()).nodes.add(alert.subject.node)

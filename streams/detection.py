@@ -59,6 +59,9 @@ TRANSIENT_KINDS = {"process_exit", *(k for k, _ in EXCEPTION_KINDS.values())}
 class EngineParams:
     hang_k: float = 3.0
     hang_warmup: int = 5
+    #: Floor of the hang timeout: transport jitter (batching, a loaded node) must not look like a hang
+    #: when iterations are far shorter than a second.
+    hang_min_timeout_s: float = 0.0
     heartbeat_missed_intervals: float = 2.5
     #: Events older than this (against the worker's clock) do not start tracking a
     #: subject: a new consumer group reading an old log must not report every node
@@ -274,7 +277,8 @@ class DetectionEngine:
         state = self.jobs.get(job)
         if state is None:
             state = self.jobs[job] = _JobState(
-                hang=HangDetector(k=self.params.hang_k, warmup=self.params.hang_warmup),
+                hang=HangDetector(k=self.params.hang_k, warmup=self.params.hang_warmup,
+                                  min_timeout_s=self.params.hang_min_timeout_s),
                 failslow=BOCDVerify(), straggler=StragglerLocalizer(), period=IterationPeriod(), cluster=cluster)
         return state
 

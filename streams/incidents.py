@@ -236,8 +236,11 @@ class Correlator:
         inc.evidence_count += 1
         inc.last_evidence_at = now
         if len(inc.evidence) < MAX_EVIDENCE:
-            inc.evidence.append({"kind": f.kind, "subject": f.subject.model_dump(exclude_none=True),
-                                 "onset": f.onset_time.isoformat(), "detector": f.detector, **f.evidence})
+            entry = {"kind": f.kind, "subject": f.subject.model_dump(exclude_none=True),
+                     "onset": f.onset_time.isoformat(), "detector": f.detector, **f.evidence}
+            if f.job_nodes and f.subject.job:
+                entry["job_nodes"] = list(f.job_nodes)  # where the job runs: what a node failure affects
+            inc.evidence.append(entry)
 
     def _close(self, inc: Incident, now: float, why: str) -> Alert:
         self.incidents.pop(inc.incident_id, None)

@@ -45,7 +45,7 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                      params: EngineParams | None = None) -> VigilApp:
     app = create_app(config)
     plugins = load_plugins()
-    engine = DetectionEngine(params or EngineParams(hang_k=config.hang_k,
+    engine = DetectionEngine(params or EngineParams(hang_k=config.hang_k, hang_min_timeout_s=config.hang_min_timeout_s,
                                                     heartbeat_missed_intervals=config.heartbeat_missed_intervals,
                                                     plugins=tuple(plugins.values())))
     correlator = Correlator()

@@ -57,6 +57,7 @@ class Settings(BaseSettings):
 
     # -- detector defaults ---------------------------------------------------
     hang_k: float = Field(3.0, gt=1, description="Hang: no iteration within k x the mean iteration time.")
+    hang_min_timeout_s: float = Field(0.0, ge=0, description="Hang: never declared before this many seconds without an iteration.")
     heartbeat_missed_intervals: float = Field(2.5, ge=1, description="Node lost after this many missed heartbeats.")
     decide: bool = Field(True, description="Run the decision engine next to the correlator (alerts -> decisions).")
     escalation_window_s: float = Field(

@@ -31,6 +31,7 @@ def stream_config(settings: Settings, bootstrap: str, **overrides: Any) -> Strea
         kafka_security=settings.kafka_security(), session_timeout_s=settings.session_timeout_s,
         heartbeat_interval_s=settings.heartbeat_interval_s, fetch_max_wait_ms=settings.fetch_max_wait_ms,
         tick_interval_s=settings.tick_interval_s, hang_k=settings.hang_k,
+        hang_min_timeout_s=settings.hang_min_timeout_s,
         heartbeat_missed_intervals=settings.heartbeat_missed_intervals,
         recovery_window_s=settings.recovery_window_s, decide=settings.decide,
         escalation_window_s=settings.escalation_window_s, max_restarts=settings.max_restarts,

@@ -22,7 +22,7 @@ _RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("nccl_error", re.compile(r"\bNCCL\b|ncclInternalError|ncclSystemError|ncclUnhandledCudaError|ncclRemoteError|ProcessGroupNCCL", re.I)),
     ("illegal_memory_access", re.compile(r"illegal memory access|cudaErrorIllegalAddress|misaligned address", re.I)),
     ("cuda_error", re.compile(r"\bCUDA error\b|\bCUDA\b.*\bfailed\b|cudaError\w*|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|device-side assert", re.I)),
-    ("connection_reset", re.compile(r"Connection reset by peer|ECONNRESET|Broken pipe", re.I)),
+    ("connection_reset", re.compile(r"Connection reset by peer|Connection closed by peer|ECONNRESET|Broken pipe", re.I)),
     ("connection_refused", re.compile(r"Connection refused|ECONNREFUSED", re.I)),
 )
 

@@ -31,7 +31,7 @@ def decisions(out) -> list[Decision]:
 
 
 def test_each_severity_enters_its_rung():
-    eng = DecisionEngine()
+    eng = DecisionEngine(settle_s=0)
     assert [d.action for d in eng.on_alert(alert("nccl_timeout", 3, rank=5), 0)] == ["retry_in_place"]
     (retry,) = decisions(eng.on_alert(alert("connection_reset", 3, job="bert", rank=5), 0))
     assert retry.plan == {"ranks": [5]} and retry.target.job == "bert"
@@ -57,6 +57,8 @@ def test_the_same_failure_returning_climbs_the_ladder_up_to_a_human():
     for i in range(4):  # the crash comes back after every remedy
         out = eng.on_alert(alert("process_exit", 2), now=10.0 * i)
         actions += [d.action for d in decisions(out)]
+        for d in decisions(out):
+            eng.on_action_result(result(d, "succeeded"), 10.0 * i + 5)
     assert actions == ["restart_process", "restart_process", "reconfigure", "notify_human"]
     (human,) = [a for a in out if isinstance(a, Alert)]
     assert human.kind == "recovery_failed" and human.severity == 1 and human.subject.job == "gpt"
@@ -66,13 +68,27 @@ def test_the_same_failure_returning_climbs_the_ladder_up_to_a_human():
 
 def test_a_hang_after_a_crash_is_a_new_failure_at_its_own_rung():
     eng = DecisionEngine()
-    eng.on_alert(alert("process_exit", 2), 0)
+    (d,) = eng.on_alert(alert("process_exit", 2), 0)
+    eng.on_action_result(result(d, "succeeded"), 10)
     assert [d.action for d in decisions(eng.on_alert(alert("task_hang", 2), 30))] == ["restart_process"]
+
+
+def test_failures_of_a_job_while_its_remedy_is_under_way_join_that_remedy():
+    """A killed rank: the job hangs, its peers' connections reset, the rank exits — one restart."""
+    corr = Correlator()
+    eng = DecisionEngine(recovered=corr.recovered, settle_s=0)
+    hang, peer, exit_ = alert("task_hang", 2), alert("connection_reset", 3, rank=1), alert("process_exit", 2, rank=2)
+    (restart,) = eng.on_alert(hang, 0)
+    assert eng.on_alert(peer, 1) == [] and eng.on_alert(exit_, 2) == []
+    eng.on_action_result(result(restart, "succeeded"), 9)
+    assert eng._decided[restart.decision_id].answers == [hang.incident_id, peer.incident_id, exit_.incident_id]
+    # once it is over, a new failure gets its own remedy again
+    assert [d.action for d in eng.on_alert(alert("xid", 1, node="n4"), 20)] == ["reconfigure"]
 
 
 def test_a_failed_remedy_escalates_and_a_successful_one_resolves_the_incident():
     corr = Correlator()
-    eng = DecisionEngine(recovered=corr.recovered)
+    eng = DecisionEngine(recovered=corr.recovered, settle_s=0)
     f = DetectorFinding(event_time=from_seconds(100), source=Source(), status="raised", kind="nccl_timeout",
                         severity=3, subject=Subject(job="gpt", rank=1), onset_time=from_seconds(100),
                         detector="exception_classifier", detector_version="1")
@@ -95,6 +111,20 @@ def test_a_failed_remedy_escalates_and_a_successful_one_resolves_the_incident():
     # ... and the decision engine knows it is the same failure returning within the window
     (climb,) = decisions(eng.on_alert(reopened, 131))
     assert climb.action == "restart_process" and "returned" in climb.reason
+
+
+def test_a_sev3_symptom_waits_briefly_for_its_cause():
+    eng = DecisionEngine(settle_s=1.0)
+    inc = uuid.uuid4()
+    assert eng.on_alert(alert("connection_reset", 3, rank=1, incident=inc), 0.0) == []
+    # the crash that caused it takes the incident over before the symptom is answered
+    (restart,) = eng.on_alert(alert("process_exit", 2, rank=2, incident=inc, status="update", version=2), 0.4)
+    assert restart.action == "restart_process"
+    assert decisions(eng.tick(2.0)) == []
+    # a symptom nobody explains is answered once it has settled
+    lone = alert("nccl_timeout", 3, job="bert", rank=4)
+    assert eng.on_alert(lone, 10.0) == [] and eng.tick(10.5) == []
+    assert [(d.action, d.target.job) for d in decisions(eng.tick(11.0))] == [("retry_in_place", "bert")]
 
 
 def test_redelivery_and_updates_do_not_decide_twice_and_ids_are_deterministic():

@@ -23,6 +23,9 @@ from schemas import TrainingException
     (RuntimeError("NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:219, unhandled cuda error, NCCL version 2.18.1"), "nccl_error"),
     (RuntimeError("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600409 milliseconds before timing out."), "nccl_timeout"),
     (ConnectionResetError(104, "Connection reset by peer"), "connection_reset"),
+    # what gloo says on the surviving ranks when a peer process dies
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:5827. "
+                  "This is typically caused by a remote worker crashing."), "connection_reset"),
     (KeyError("x"), "other"),
 ])
 def test_classification(exc, category):

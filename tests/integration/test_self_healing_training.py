@@ -1,0 +1,165 @@
+"""The whole loop on a real training job: fault -> alert -> decision -> local actuator -> training resumes.
+
+A 4-rank torch job (gloo on CPU, checkpoints every 5 steps;
+``tests/fixtures/resilient_train.py``) runs under ``vigil agent --actuate``
+(the local backend on the agent's own process supervisor), next to a real
+detection worker on the real broker. Faults are injected by the test, so the
+ground truth is known:
+
+1. a rank is SIGKILLed -> a sev2 process-exit incident -> restart_process ->
+   every rank relaunched, resuming from the last checkpoint, steps rising;
+2. the same restart decision delivered again -> not executed twice;
+3. a rank sleeps forever inside a step -> task_hang -> restart;
+4. every launch exits at once -> restarts keep failing -> the no-progress
+   guard stops restarting, the failed action escalates to reconfiguration
+   (the sev1 rung), and the agent gives up with a reason.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from producers.publisher import Publisher
+from schemas import ActionResult, Alert, Decision, decode
+from streams.kafka import reader
+from tests.integration.conftest import WorkerProcess, wait_for
+from vigil.bench.hooks import _free_port
+
+pytest.importorskip("torch")
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "resilient_train.py"
+JOB, NODE = "resilient", "node-a"
+
+
+def progress(ckpt: Path) -> dict[int, tuple[int, int]]:
+    """rank -> (step, restart count) as the ranks last wrote it."""
+    out = {}
+    for r in range(4):
+        try:
+            step, restarts = (ckpt / f"progress.rank{r}").read_text().split()
+            out[r] = (int(step), int(restarts))
+        except (FileNotFoundError, ValueError):
+            pass
+    return out
+
+
+def resumed(ckpt: Path, rank: int = 0) -> list[tuple[int, int]]:
+    """(restart count, first step) of each launch of ``rank``."""
+    try:
+        return [tuple(map(int, line.split())) for line in (ckpt / f"resumed.rank{rank}").read_text().splitlines()]
+    except FileNotFoundError:
+        return []
+
+
+def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, tmp_path, monkeypatch):
+    ckpt, faults, state = tmp_path / "ckpt", tmp_path / "faults", tmp_path / "state"
+    for d in (ckpt, faults, state):
+        d.mkdir()
+    # Four torch processes starting at once starve a 2-core machine for seconds: the node is not
+    # lost and the job does not hang, however late its heartbeats and step records arrive.
+    monkeypatch.setenv("VIGIL_HEARTBEAT_MISSED_INTERVALS", "10")
+    monkeypatch.setenv("VIGIL_HANG_MIN_TIMEOUT_S", "3")
+    # The ladder would reconfigure after 3 restarts of one failure; give it 5, so that what stops
+    # the crash loop is the agent's no-progress guard (2 restarts without a new step).
+    monkeypatch.setenv("VIGIL_MAX_RESTARTS", "5")
+    worker = WorkerProcess(config, tmp_path / "worker")
+    env = dict(os.environ, VIGIL_KAFKA_BOOTSTRAP=config.bootstrap, VIGIL_TOPIC_PREFIX=config.topic_prefix,
+               VIGIL_STATE_DIR=str(state))
+    agent_log = tmp_path / "agent.log"
+    agent = None
+    out = reader(config.kafka_conf(), [config.topic(t) for t in ("alert", "decision", "action_result")])
+    alerts: list[Alert] = []
+    decisions: list[Decision] = []
+    results: list[ActionResult] = []
+
+    def poll():
+        for msg in out.consume(200, timeout=0.1):
+            if not msg.error():
+                for ev in decode(msg.value()).events:
+                    {Alert: alerts, Decision: decisions, ActionResult: results}[type(ev)].append(ev)
+
+    def succeeded(d: Decision) -> bool:
+        return any(r.decision_id == d.decision_id and r.state == "succeeded" for r in results)
+
+    def steps_after(restarts: int, beyond: int) -> bool:
+        p = progress(ckpt)
+        return len(p) == 4 and all(rc == restarts and s > beyond for s, rc in p.values())
+
+    try:
+        worker.wait_ready()
+        with open(agent_log, "ab") as log:
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "vigil.cli", "agent", "--actuate", "--job", JOB, "--node", NODE,
+                 "--cluster", "c", "--nproc-per-node", "4", "--master-port", str(_free_port()), "--no-gpu",
+                 "--heartbeat-interval", "1", "--hooks-socket", str(tmp_path / "hooks.sock"),
+                 "--control-dir", str(tmp_path / "ctl"), "--restart-grace", "2",
+                 "--max-restarts-without-progress", "2", "--log-level", "INFO",
+                 "--", sys.executable, str(FIXTURE), str(ckpt), str(faults), "1000000"],
+                env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        assert wait_for(lambda: steps_after(0, 12), 90), (progress(ckpt), agent_log.read_text()[-3000:])
+
+        # 1. kill a rank: sev2 -> restart -> resume from the last checkpoint, steps keep rising
+        (faults / "kill.rank2").touch()
+        assert wait_for(lambda: any(d.action == "restart_process" for d in decisions), 60, poll), \
+            (alerts, agent_log.read_text()[-3000:])
+        restart = next(d for d in decisions if d.action == "restart_process")
+        crash = max((a for a in alerts if a.incident_id in restart.answers), key=lambda a: a.incident_version)
+        # whichever symptom of the kill reaches the correlator first roots the incident (the exit,
+        # the peers' broken connections, the job's stall); either way one sev2 incident of the job
+        assert crash.severity == 2 and crash.subject.job == JOB
+        assert crash.kind in ("process_exit", "connection_reset", "task_hang")
+        assert wait_for(lambda: succeeded(restart), 60, poll), (results, agent_log.read_text()[-3000:])
+        killed_at = max(s for s, _ in progress(ckpt).values())
+        assert wait_for(lambda: steps_after(1, killed_at + 5), 90), progress(ckpt)
+        restarts, first_step = resumed(ckpt)[-1]
+        assert restarts == 1 and first_step > 0 and first_step % 5 == 0 and first_step <= killed_at
+        assert wait_for(lambda: any(a.incident_id == crash.incident_id and a.status == "resolved" for a in alerts),
+                        30, poll)
+
+        # 2. the same decision again: the ledger answers with the recorded result, nothing restarts
+        def answered() -> int:
+            return sum(r.decision_id == restart.decision_id and r.state == "succeeded" for r in results)
+
+        assert answered() == 1
+        publisher = Publisher(config.kafka_conf(), config.topic_prefix)
+        publisher.publish([restart])
+        publisher.flush()
+        assert wait_for(lambda: answered() == 2, 30, poll), results
+        assert [rc for _, rc in progress(ckpt).values()] == [1, 1, 1, 1]
+        assert len(resumed(ckpt)) == 2
+
+        # 3. a rank sleeps forever: hang -> restart
+        before = max(s for s, _ in progress(ckpt).values())
+        (faults / "hang.rank1").touch()
+        assert wait_for(lambda: any(a.kind == "task_hang" and a.status == "open" for a in alerts), 60, poll), alerts
+        hang = next(a for a in alerts if a.kind == "task_hang" and a.status == "open")
+        assert hang.severity == 2 and hang.subject.job == JOB
+        assert wait_for(lambda: steps_after(2, before), 120, poll), (progress(ckpt), agent_log.read_text()[-3000:])
+
+        # 4. every launch fails at once: the guard stops restarting, the failure climbs to sev1
+        (faults / "crashloop").touch()
+        (faults / "kill.rank0").touch()
+        assert wait_for(lambda: agent.poll() is not None, 180, poll), agent_log.read_text()[-3000:]
+        assert agent.returncode != 0
+        assert "no-progress guard gave up" in agent_log.read_text()
+        refused = [r for r in results if r.state == "failed" and "no progress" in r.detail]
+        assert refused, results
+        assert wait_for(lambda: any(d.action == "reconfigure" and d.target.job == JOB for d in decisions), 30, poll), \
+            decisions
+        escalated = next(d for d in decisions if d.action == "reconfigure")
+        assert "(sev1)" in escalated.reason and "no progress" in escalated.reason
+    finally:
+        out.close()
+        if agent is not None and agent.poll() is None:
+            agent.terminate()
+            try:
+                agent.wait(30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
+                agent.wait()
+        worker.stop()
