@@ -125,6 +125,8 @@ class DecisionEngine:
         #: job -> the remedy under way (no final result yet): a second failure of the job it covers
         #: joins it instead of starting another (a crash and its peers' errors are one restart).
         self._inflight: dict[str, uuid.UUID] = {}
+        #: job -> (slow node, healthy and slow iteration time, slowdown class) of its fail-slow
+        self._failslow_ctx: dict[str, tuple[str | None, float, float, str]] = {}
 
     # -- alerts ------------------------------------------------------------
     def on_alert(self, alert: Alert, now: float) -> list[Envelope]:
@@ -179,7 +181,10 @@ class DecisionEngine:
             before, after = e.get("before"), e.get("after")
             if not job or not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or before <= 0:
                 continue
-            self.mitigation.start(job, float(before), float(after), str(e.get("slowdown_class") or "communication"), now)
+            cls = str(e.get("slowdown_class") or "communication")
+            self.mitigation.start(job, float(before), float(after), cls, now)
+            node = alert.subject.node if alert.kind in GPU_CAUSES | LINK_CAUSES else e.get("node")
+            self._failslow_ctx.setdefault(job, (node if isinstance(node, str) else None, float(before), float(after), cls))
             answered = self._failslow_incident.setdefault(job, [])
             if alert.incident_id not in answered:
                 answered.append(alert.incident_id)
@@ -193,6 +198,7 @@ class DecisionEngine:
                 incidents.remove(alert.incident_id)
                 if not incidents:
                     del self._failslow_incident[job]
+                    self._failslow_ctx.pop(job, None)
                     self.mitigation.stop(job)
         return []
 
@@ -334,10 +340,11 @@ class DecisionEngine:
             detector="decision_engine", detector_version="1")
 
     def _failslow_plan(self, job: str, strategy: str) -> dict[str, Any]:
+        from streams.planning import failslow_plan  # the planners import scipy: only when a fail-slow needs them
+
         info = self.jobs.get(job, _JobInfo())
-        if strategy == "checkpoint_restart":
-            return {"nodes": sorted(info.nodes)} if info.nodes else {}
-        return {}
+        node, t_healthy, t_slow, cls = self._failslow_ctx.get(job, (None, 1.0, 1.0, "communication"))
+        return failslow_plan(strategy, info.spec, node, t_healthy, t_slow, cls, sorted(info.nodes))
 
     def _jobs_of(self, alert: Alert) -> list[str]:
         if alert.subject.job:

@@ -28,6 +28,7 @@ from streams.config import StreamConfig
 from streams.decisions import DecisionEngine
 from streams.detection import DetectionEngine, EngineParams
 from streams.escalation import Escalation
+from streams.planning import replan
 from streams.faustapp import VigilApp, create_app
 from streams.incidents import Correlator
 from streams.kafka import dead_letter, refused_event
@@ -50,7 +51,7 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                                                     plugins=tuple(plugins.values())))
     correlator = Correlator()
     decider = DecisionEngine(Escalation(config.escalation_window_s, config.max_restarts),
-                             recovered=correlator.recovered) if config.decide else None
+                             recovered=correlator.recovered, replan=replan) if config.decide else None
     app.detection_engine = engine  # type: ignore[attr-defined]
     app.correlator = correlator  # type: ignore[attr-defined]
     app.decision_engine = decider  # type: ignore[attr-defined]

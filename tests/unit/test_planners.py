@@ -7,7 +7,6 @@ recorded run of the planner.
 
 from __future__ import annotations
 
-import doctest
 import heapq
 import itertools
 import math
@@ -18,10 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import actuators.planners.microbatch as microbatch_mod
-import actuators.planners.placement as placement_mod
-import actuators.planners.topology as topology_mod
-import actuators.planners.waf as waf_mod
 from actuators.planners import (
     JobSpec,
     consolidate_stragglers,
@@ -35,12 +30,6 @@ from actuators.planners import (
 )
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@pytest.mark.parametrize("module", [waf_mod, placement_mod, microbatch_mod, topology_mod])
-def test_docstring_examples_run(module):
-    failed, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert attempted > 0 and failed == 0
 
 
 # --------------------------------------------------------------------------- WAF (Unicron)
