@@ -64,13 +64,16 @@ class BOCDVerify(BOCD):
     min_rel_change : float
         Smallest relative change of the level that counts (0.10: Falcon's 10 %), > 0.
     min_after : int
-        Values after the onset before a change can be verified (>= 1).
+        Values after the onset before a change can be verified (>= 1). At 4
+        a fail-slow is reported with its 4th slowed iteration.
     before_window : int
         Values before the onset that define the level before it.
     min_before : int
         Fewest values before the onset (back to the previous verified change).
     z_min : float
-        Standard errors by which the levels must differ, >= 0.
+        Standard errors by which the levels must differ, >= 0. 5.5 offsets
+        the noisier median of a 4-value window (with 5 values, 4.0 was
+        enough); see ``vigil bench detectors``.
     min_sustained : float
         Fraction of the values after the onset that must sit at the new level, in [0, 1].
     band : float
@@ -98,8 +101,8 @@ class BOCDVerify(BOCD):
     ...     if det.change_detected:
     ...         c = det.last_change
     ...         print(c.kind, c.evidence["onset_index"], i, round(c.evidence["rel_change"], 2))
-    fail_slow 400 404 0.19
-    recovery 700 704 -0.16
+    fail_slow 400 403 0.2
+    recovery 700 703 -0.17
     >>> det.finding is None
     True
 
@@ -114,8 +117,8 @@ class BOCDVerify(BOCD):
     name = "bocd_verify"
     version = "1"
 
-    def __init__(self, min_rel_change: float = 0.10, min_after: int = 5, before_window: int = 100,
-                 min_before: int = 10, z_min: float = 4.0, min_sustained: float = 0.75, band: float = 4.0,
+    def __init__(self, min_rel_change: float = 0.10, min_after: int = 4, before_window: int = 100,
+                 min_before: int = 10, z_min: float = 5.5, min_sustained: float = 0.75, band: float = 4.0,
                  tolerance: float = 1.0, hazard: float = 1 / 200,
                  max_run_length: int = 256, window: int = 64, threshold: float = 0.5, warmup: int = 30,
                  kappa0: float = 0.1, alpha0: float = 1.0, beta0: float = 1.0) -> None:
