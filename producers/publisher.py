@@ -254,7 +254,7 @@ class Publisher:
     def publish_raw(self, record: SpoolRecord) -> None:
         """Publish an encoded message (the node batcher's path)."""
         with self._lock:
-            self._service()
+            self._service(probe=False)  # never blocks on a probe; poll() and flush() do that
             if self.spooling:
                 self._to_spool(record)
                 return
@@ -338,11 +338,14 @@ class Publisher:
             for _seq, rec in back:
                 self._to_spool(rec)
 
-    def _service(self) -> str | None:
+    def _service(self, probe: bool = True) -> str | None:
         """Move between modes and replay; called with the lock held.
 
         Returns the topic to probe the broker for when a probe is due (the
         caller probes without the lock, then calls :meth:`_start_replay`).
+        With ``probe=False`` (the caller will not probe) no probe is due: the
+        slot stays for the next :meth:`poll`, or frequent publishing would
+        use up every slot and the broker would never be asked.
         """
         if self._spool is None:
             return None
@@ -372,7 +375,7 @@ class Publisher:
             self._start_replay()
             return None
         now = time.monotonic()
-        if now < self._next_probe:
+        if not probe or now < self._next_probe:
             return None
         self._next_probe = now + self.probe_interval_s
         head = self._spool.read(1)

@@ -127,6 +127,40 @@ def test_broker_down_spooled_broker_up_every_event_exactly_once(own_broker, monk
     pub.close()
 
 
+def test_publish_then_poll_loop_notices_the_broker_is_back(own_broker, monkeypatch, tmp_path):
+    """The node agent's loop: publish a few events, poll(0), again and again, never flush.
+
+    publish() must not take the probe slot it does not use, or poll() right
+    after it never finds a probe due and the spool waits for luck (~20 s).
+    """
+    conf = {"bootstrap.servers": own_broker.bootstrap}
+    prefix = f"spool-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, prefix)
+    pub = Publisher(conf, prefix, spool_dir=tmp_path / "spool", message_timeout_ms=5000, probe_interval_s=0.2)
+    sent = []
+
+    def loop() -> None:
+        for hb in heartbeats(3, len(sent)):
+            pub.publish([hb])
+            sent.append(hb.event_id)
+        pub.poll(0)
+
+    def looping(condition):
+        return lambda: (loop(), condition())[1]  # wait_for's pace: one round per try
+
+    own_broker.stop()
+    assert wait_for(looping(lambda: pub.spooling), 10)
+    own_broker.start(monkeypatch)
+    ensure_topics(conf, prefix)
+    back = time.monotonic()
+    assert wait_for(looping(lambda: not pub.spooling), 10), f"still spooling {time.monotonic() - back:.1f} s later"
+    assert pub.flush(10) == 0
+    down = Downstream(conf, [f"{prefix}.telemetry.heartbeats"])
+    assert wait_for(lambda: set(sent) <= set(down.ids), 15, down.read), f"missing {len(set(sent) - set(down.ids))}"
+    down.close()
+    pub.close()
+
+
 def test_full_spool_drops_oldest_and_publishes_how_many(own_broker, monkeypatch, tmp_path):
     conf = {"bootstrap.servers": own_broker.bootstrap}
     prefix = f"spool-{uuid.uuid4().hex[:8]}"
