@@ -48,8 +48,10 @@ on throttled GPUs as the commonest computation fail-slow.
 
 from __future__ import annotations
 
+import math
 from collections import deque
-from typing import Any, Iterable, Mapping
+from collections.abc import Mapping
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -91,6 +93,30 @@ def _median(values: list[float]) -> float:
     n = len(ordered)
     mid = n // 2
     return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def _peer_medians(values: dict[str, float]) -> dict[str, float]:
+    """For each key, the median of the *other* values, from one sort (not one per key)."""
+    ordered = sorted(values.values())
+    n = len(ordered) - 1  # peers per key
+    if n < 1:
+        return {}
+    position: dict[float, int] = {}
+    for i, v in enumerate(ordered):
+        position.setdefault(v, i)  # equal values: removing any one of them leaves the same list
+
+    def kth(k: int, p: int) -> float:  # k-th of the list without index p
+        return ordered[k] if k < p else ordered[k + 1]
+
+    out = {}
+    for key, v in values.items():
+        p = position[v]
+        mid = n // 2
+        out[key] = float(kth(mid, p)) if n % 2 else (kth(mid - 1, p) + kth(mid, p)) / 2.0
+    return out
+
+
+_REAL = (int, float)
 
 
 @register
@@ -231,6 +257,9 @@ class GpuDegradation(Detector):
                 if v is None:
                     continue
                 if k in _NUMERIC:
+                    if type(v) in _REAL and math.isfinite(v):  # the common case, checked cheaply
+                        row[k] = float(v)
+                        continue
                     if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
                         raise DetectorError(f"GPU {gid!r}: {k} must be a finite number, got {v!r}")
                     row[k] = float(v)
@@ -264,43 +293,50 @@ class GpuDegradation(Detector):
                     g["events"][k].append((t, d))
 
     def _peer_conditions(self, clean: dict[str, dict[str, Any]], t: float, prev_t: float | None) -> None:
-        busy = {g: r for g, r in clean.items() if "sm_clock" in r and r.get("utilization", 100.0) >= self.min_util}
+        # Evidence is built only for a condition that holds: most samples of most GPUs are healthy.
+        busy = {g: r["sm_clock"] for g, r in clean.items() if "sm_clock" in r and r.get("utilization", 100.0) >= self.min_util}
         temps = {g: r["temperature"] for g, r in clean.items() if "temperature" in r}
+        clock_medians = _peer_medians(busy) if len(busy) - 1 >= self.min_peers else {}
+        temp_medians = _peer_medians(temps) if len(temps) - 1 >= self.min_peers else {}
         for gid, row in clean.items():
             g = self._gpu(gid)
+            runs = g["runs"]
             # throttle
             if "throttle_reasons" in row:
-                bad = row["throttle_reasons"] & self.throttle_mask
-                self._step(g["runs"]["throttle"], bool(bad), t, {"reasons": decode_throttle_reasons(bad), "mask": row["throttle_reasons"]})
+                mask = row["throttle_reasons"]
+                bad = mask & self.throttle_mask
+                self._step(runs["throttle"], bool(bad), t,
+                           (lambda: {"reasons": decode_throttle_reasons(bad), "mask": mask}) if bad else None)
             # clock below peers
-            if gid in busy:
-                peers = [r["sm_clock"] for p, r in busy.items() if p != gid]
-                if len(peers) >= self.min_peers:
-                    med = _median(peers)
-                    clk = row["sm_clock"]
-                    slow = med > 0 and clk < (1.0 - self.clock_rel) * med
-                    self._step(g["runs"]["clock_below_peers"], slow, t, {"sm_clock": clk, "peer_median": med, "ratio": clk / med if med > 0 else None})
+            if gid in clock_medians:
+                med = clock_medians[gid]
+                clk = busy[gid]
+                slow = med > 0 and clk < (1.0 - self.clock_rel) * med
+                self._step(runs["clock_below_peers"], slow, t,
+                           (lambda: {"sm_clock": clk, "peer_median": med, "ratio": clk / med}) if slow else None)
             # temperature
             if gid in temps:
-                peers = [float(v) for p, v in temps.items() if p != gid]
                 temp = temps[gid]
                 hot = temp >= self.temp_limit
                 ev: dict[str, Any] = {"temperature": temp}
-                if len(peers) >= self.min_peers:
-                    med = _median(peers)
-                    mad = _median([abs(v - med) for v in peers])
+                if gid in temp_medians:
+                    med = temp_medians[gid]
                     excess = temp - med
-                    hot = hot or excess > max(self.temp_margin, self.z * 1.4826 * mad)
-                    ev.update(peer_median=med, peer_mad=mad, excess=excess)
-                self._step(g["runs"]["temperature_outlier"], hot, t, ev)
+                    if hot or excess > self.temp_margin:  # below the margin no spread can make it hot
+                        peers = [v for p, v in temps.items() if p != gid]
+                        mad = _median([abs(v - med) for v in peers])
+                        hot = hot or excess > max(self.temp_margin, self.z * 1.4826 * mad)
+                        ev.update(peer_median=med, peer_mad=mad, excess=excess)
+                self._step(runs["temperature_outlier"], hot, t, (lambda: ev) if hot else None)
 
-    def _step(self, run: dict[str, Any], cond: bool, t: float, evidence: dict[str, Any]) -> None:
+    def _step(self, run: dict[str, Any], cond: bool, t: float, evidence: Any) -> None:
+        """One sample of one condition; ``evidence()`` builds its evidence when it holds."""
         if cond:
             run["on"] += 1
             run["off"] = 0
             if run["on"] == 1:
                 run["start"] = t
-            run["evidence"] = evidence
+            run["evidence"] = evidence()
             if run["open"] is None and run["on"] >= self.min_samples:
                 run["open"] = {"onset": run["start"], "detected_at": t}
         else:
@@ -326,6 +362,11 @@ class GpuDegradation(Detector):
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
         for gid, g in self._gpus.items():
+            runs, events = g["runs"], g["events"]
+            if not (events["ecc_dbe"] or events["ecc_sbe"] or events["nvlink_errors"]) and \
+                    runs["throttle"]["open"] is None and runs["clock_below_peers"]["open"] is None and \
+                    runs["temperature_outlier"]["open"] is None:
+                continue  # a healthy GPU, the common case: nothing to report
             for kind, run in g["runs"].items():
                 if run["open"] is not None:
                     out.append(Finding(kind, 3, run["open"]["onset"], run["open"]["detected_at"], {"node": self.node, "gpu": gid, **run["evidence"]}))
