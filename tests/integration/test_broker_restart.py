@@ -1,0 +1,172 @@
+"""A broker restart: the worker reconnects on its own and detects faults injected after it.
+
+tansu keeps its log in memory, so a restart loses the topics, their data, the
+consumer group and its committed offsets. What the worker does then (read in
+its log): aiokafka fails its fetches and marks the group coordinator dead;
+once a broker answers on the address again, the group heartbeat comes back
+``UNKNOWN_MEMBER_ID``, faust revokes every partition and rejoins the group
+(about half the session timeout), finds no committed offsets and reads the
+recreated topics from the start. The process is never restarted: the
+detector and incident state it holds in memory carry on.
+
+A dedicated tansu runs on a fixed port so it can be stopped (by its PID) and
+started again on the same address; the session broker is not touched.
+
+Not asserted here: nodes that keep beating through the outage. The worker
+hears nothing while the broker is away, its heartbeat timers fire and, on
+reconnection, those nodes are reported lost until their replayed heartbeats
+clear them (the worker cannot tell a silent cluster from its own deafness).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from producers.publisher import Publisher
+from schemas import Alert, Heartbeat, ProcessExit, Source, decode, from_seconds
+from schemas.envelope import utcnow
+from streams.config import StreamConfig
+from streams.kafka import ensure_topics, reader
+from tests.integration.conftest import WorkerProcess, wait_for
+from vigil.broker import TansuBroker, find_tansu, free_port
+
+
+class Broker:
+    """tansu on one fixed port; each start is a new, empty broker."""
+
+    def __init__(self, logs: Path) -> None:
+        self.port = free_port()
+        self.logs = logs
+        self.starts = 0
+        self.tansu: TansuBroker | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.tansu = TansuBroker(find_tansu(None), port=self.port, log_path=self.logs / f"tansu-{self.starts}.log")
+        self.tansu.start()
+        self.starts += 1
+
+    def stop(self) -> None:
+        if self.tansu is not None:
+            self.tansu.stop()
+            self.tansu = None
+
+
+@pytest.fixture
+def broker(tmp_path):
+    if os.environ.get("VIGIL_KAFKA_BOOTSTRAP"):
+        pytest.skip("restarts its own tansu broker; not run against an external Kafka")
+    b = Broker(tmp_path)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+class Alerts:
+    """Every alert on the alert topic of the broker now running."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        self.consumer: Any = reader(config.kafka_conf(), [config.topic("alert")])
+        self.seen: list[Alert] = []
+
+    def read(self) -> None:
+        for msg in self.consumer.consume(100, 0.05):
+            if msg.error() is None:
+                self.seen.extend(e for e in decode(msg.value()).events if isinstance(e, Alert))
+
+    def opened(self) -> set[tuple[str, str | None]]:
+        return {(a.kind, a.subject.job or a.subject.node) for a in self.seen if a.status == "open"}
+
+    def close(self) -> None:
+        if self.consumer is not None:
+            self.consumer.close()
+            self.consumer = None
+
+
+class Beats:
+    """Heartbeats of one node every ``interval_s``, ``count`` of them, then silence."""
+
+    def __init__(self, publisher: Publisher, node: str, count: int, interval_s: float = 0.5) -> None:
+        self.publisher, self.node, self.left, self.interval_s = publisher, node, count, interval_s
+        self.next_at = time.monotonic()
+        self.seq = 0
+
+    def __call__(self) -> None:
+        if self.left > 0 and time.monotonic() >= self.next_at:
+            self.publisher.publish([Heartbeat(event_time=utcnow(), source=Source(cluster="c", node=self.node),
+                                              seq=self.seq, interval_s=self.interval_s)])
+            self.publisher.poll(0)
+            self.seq += 1
+            self.left -= 1
+            self.next_at += self.interval_s
+
+
+def crash(publisher: Publisher, job: str) -> None:
+    publisher.publish([ProcessExit(event_time=from_seconds(time.time()),
+                                   source=Source(cluster="c", node="n1", job=job, rank=2),
+                                   pid=os.getpid(), signal=9, local_rank=2)])
+    assert publisher.flush(10) == 0
+
+
+def test_worker_reconnects_after_a_broker_restart_and_detects_new_faults(broker, tmp_path):
+    tag = uuid.uuid4().hex[:8]
+    config = StreamConfig(bootstrap=broker.bootstrap, topic_prefix=f"restart-{tag}", group_id=f"restart-{tag}")
+    ensure_topics(config.kafka_conf(), config.topic_prefix)
+    worker = WorkerProcess(config, tmp_path / "worker")
+    before = after = publisher = None
+    try:
+        worker.wait_ready()
+        pid = worker.proc.pid
+
+        # 1. a fault before the restart is detected
+        before = Alerts(config)
+        publisher = Publisher(config.kafka_conf(), config.topic_prefix, linger_ms=0)
+        crash(publisher, "before")
+        assert wait_for(lambda: ("process_exit", "before") in before.opened(), 30, before.read), before.seen
+        publisher.close()
+        publisher = None
+        before.close()
+
+        # 2. the broker goes away (the worker notices), and a new, empty one takes its address
+        broker.stop()
+        assert wait_for(lambda: "coordinator dead" in worker.log.read_text(), 30), \
+            f"the worker did not notice the outage; log:\n{worker.log.read_text()[-3000:]}"
+        broker.start()
+        ensure_topics(config.kafka_conf(), config.topic_prefix)
+
+        # 3. faults injected after the restart are detected by the same process:
+        #    an event (a killed rank) and a timer (a node whose heartbeats stop)
+        after = Alerts(config)
+        publisher = Publisher(config.kafka_conf(), config.topic_prefix, linger_ms=0)
+        crash(publisher, "after")
+        beats = Beats(publisher, "n-after", count=4)
+        expected = {("process_exit", "after"), ("node_lost", "n-after")}
+        pump = lambda: (beats(), after.read())
+        assert wait_for(lambda: expected <= after.opened(), 60, pump), \
+            f"alerts {after.seen}; worker log:\n{worker.log.read_text()[-3000:]}"
+        assert beats.left == 0  # lost after its last heartbeat, not before
+
+        assert worker.proc.poll() is None and worker.proc.pid == pid  # reconnected, not restarted
+        rejoined = worker.log.read_text().count("Joined group")
+        assert rejoined >= 2, f"one join only: {rejoined}"
+        # the incident from before the restart is remembered, not raised again
+        after.read()
+        assert after.opened() == expected, after.seen
+    finally:
+        for a in (before, after):
+            if a is not None:
+                a.close()
+        if publisher is not None:
+            publisher.close(timeout_s=1)
+        worker.stop()
