@@ -34,22 +34,31 @@ class TableSpec:
     order_by: tuple[str, ...]
     #: The time that partitions the table and bounds the sink's duplicate check.
     time_column: str = "event_time"
+    #: Raw telemetry: high volume, partitioned by day so that a retention TTL
+    #: drops whole parts; everything else (incidents, decisions, state) by month.
+    telemetry: bool = False
 
     @property
     def partition_by(self) -> str:
-        return f"toYYYYMM({self.time_column})"
+        return f"toYYYYMMDD({self.time_column})" if self.telemetry else f"toYYYYMM({self.time_column})"
+
+    def ttl_clause(self, days: int | None) -> str:
+        """The TTL of a telemetry table kept ``days`` days (None or 0: kept forever)."""
+        if not days or not self.telemetry:
+            return ""
+        return f"toDateTime({self.time_column}) + toIntervalDay({int(days)})"
 
 
 TABLE_SPECS: dict[str, TableSpec] = {
     s.event_type: s
     for s in (
-        TableSpec("iteration", "iterations", ("job", "event_time", "rank", "event_id")),
-        TableSpec("iteration_step", "iteration_steps", ("job", "event_time", "event_id")),
-        TableSpec("collective", "collectives", ("job", "event_time", "event_id")),
+        TableSpec("iteration", "iterations", ("job", "event_time", "rank", "event_id"), telemetry=True),
+        TableSpec("iteration_step", "iteration_steps", ("job", "event_time", "event_id"), telemetry=True),
+        TableSpec("collective", "collectives", ("job", "event_time", "event_id"), telemetry=True),
         TableSpec("xid", "xid_errors", ("node", "event_time", "event_id")),
-        TableSpec("nic_counters", "nic_counters", ("node", "device", "port", "event_time", "event_id")),
-        TableSpec("gpu_telemetry", "gpu_telemetry", ("node", "gpu", "event_time", "event_id")),
-        TableSpec("heartbeat", "heartbeats", ("node", "event_time", "event_id")),
+        TableSpec("nic_counters", "nic_counters", ("node", "device", "port", "event_time", "event_id"), telemetry=True),
+        TableSpec("gpu_telemetry", "gpu_telemetry", ("node", "gpu", "event_time", "event_id"), telemetry=True),
+        TableSpec("heartbeat", "heartbeats", ("node", "event_time", "event_id"), telemetry=True),
         TableSpec("process_exit", "process_exits", ("node", "event_time", "event_id")),
         TableSpec("training_exception", "training_exceptions", ("job", "event_time", "event_id")),
         TableSpec("job_state", "job_states", ("job", "event_time", "event_id")),
@@ -158,17 +167,24 @@ def columns(event_type: str) -> list[Column]:
 _COLUMNS: dict[str, list[Column]] = {et: _columns_of(m, "", ()) for et, m in EVENT_TYPES.items()}
 
 
-def create_table_sql(event_type: str, database: str = "vigil") -> str:
+def create_table_sql(event_type: str, database: str = "vigil", ttl_days: int | None = None,
+                     table: str | None = None) -> str:
+    """``CREATE TABLE IF NOT EXISTS`` for an event type (``table`` overrides the name, for rebuilds)."""
     spec = TABLE_SPECS[event_type]
     cols = ",\n    ".join(f"`{c.name}` {c.ch_type}" for c in columns(event_type))
     nullable = {c.name for c in columns(event_type) if c.ch_type.startswith(("Nullable", "LowCardinality(Nullable"))}
     # Nullable columns cannot be in a sort key by default; allow it explicitly.
-    settings = " SETTINGS allow_nullable_key = 1" if nullable & set(spec.order_by) else ""
+    settings = ["allow_nullable_key = 1"] if nullable & set(spec.order_by) else []
+    ttl = spec.ttl_clause(ttl_days)
+    if ttl:
+        settings.append("ttl_only_drop_parts = 1")  # expire whole daily parts, never rewrite them
     return (
-        f"CREATE TABLE IF NOT EXISTS {database}.{spec.table} (\n    {cols},\n"
+        f"CREATE TABLE IF NOT EXISTS {database}.{table or spec.table} (\n    {cols},\n"
         f"    `ingest_time` DateTime64(3, 'UTC') DEFAULT now64(3)\n)\n"
         f"ENGINE = ReplacingMergeTree\nPARTITION BY {spec.partition_by}\n"
-        f"ORDER BY ({', '.join(spec.order_by)}){settings}"
+        f"ORDER BY ({', '.join(spec.order_by)})"
+        + (f"\nTTL {ttl}" if ttl else "")
+        + (f" SETTINGS {', '.join(settings)}" if settings else "")
     )
 
 

@@ -17,7 +17,8 @@ import clickhouse_connect
 
 from schemas import Envelope
 from schemas.events import EVENT_TYPES
-from schemas.tables import TABLE_SPECS, create_table_sql, rows, table_name
+from schemas.tables import TABLE_SPECS, columns, create_table_sql, rows, table_name
+from streams.analytics import migrate_analytics
 
 
 class HistoryError(RuntimeError):
@@ -64,12 +65,77 @@ class HistoryStore:
         return other
 
     # -- schema ------------------------------------------------------------
-    def migrate(self) -> None:
-        """Create the database and every table; safe to run any number of times."""
+    def migrate(self, ttl_days: int | None = None, ttl_overrides: dict[str, int] | None = None) -> list[str]:
+        """Bring the database to this code's schema; safe to run any number of times.
+
+        Creates what is missing, adds new columns, rebuilds a table whose
+        partitioning or sort key changed (copying its rows, then exchanging the
+        two atomically), sets the retention TTL of the raw telemetry tables
+        (``ttl_days``, per table in ``ttl_overrides``; None or 0 keeps them
+        forever), and creates the analytics rollups (backfilled from the
+        stored events) and views. Existing rows are kept. Returns what it
+        changed (empty when nothing had to).
+        """
+        done: list[str] = []
         with self._lock:
-            self._client.command(f"CREATE DATABASE IF NOT EXISTS {self.database}")
-            for event_type in EVENT_TYPES:
-                self._client.command(create_table_sql(event_type, self.database))
+            db = self.database
+            self._client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+            layout = {r[0]: r[1:] for r in self._client.query(
+                "SELECT name, partition_key, sorting_key, engine_full FROM system.tables WHERE database = {db:String}",
+                parameters={"db": db}).result_rows}
+            rebuilt: set[str] = set()
+            for event_type, spec in TABLE_SPECS.items():
+                days = (ttl_overrides or {}).get(spec.table, ttl_days)
+                if spec.table not in layout:
+                    self._client.command(create_table_sql(event_type, db, days))
+                    done.append(f"created {spec.table}")
+                    continue
+                partition_key, sorting_key, engine_full = layout[spec.table]
+                done += self._add_columns(event_type)
+                want_sort = ", ".join(spec.order_by)
+                if _norm(partition_key) != _norm(spec.partition_by) or _norm(sorting_key) != _norm(want_sort):
+                    self._rebuild(event_type, days)
+                    rebuilt.add(spec.table)
+                    done.append(f"rebuilt {spec.table}: PARTITION BY {spec.partition_by} ORDER BY ({want_sort})")
+                    continue
+                done += self._set_ttl(spec.table, spec.ttl_clause(days), engine_full)
+            done += migrate_analytics(self._client.command, lambda q: self._client.query(q).result_rows, db, rebuilt)
+        return done
+
+    def _add_columns(self, event_type: str) -> list[str]:
+        spec = TABLE_SPECS[event_type]
+        have = {r[0] for r in self._client.query(
+            "SELECT name FROM system.columns WHERE database = {db:String} AND table = {t:String}",
+            parameters={"db": self.database, "t": spec.table}).result_rows}
+        done = []
+        for col in columns(event_type):
+            if col.name not in have:
+                # A new optional field: the rows stored before it get the column's default (NULL).
+                self._client.command(f"ALTER TABLE {self.database}.{spec.table} ADD COLUMN IF NOT EXISTS "
+                                     f"`{col.name}` {col.ch_type}")
+                done.append(f"added column {spec.table}.{col.name}")
+        return done
+
+    def _rebuild(self, event_type: str, ttl_days: int | None) -> None:
+        spec = TABLE_SPECS[event_type]
+        db, old, new = self.database, spec.table, f"{spec.table}__migrating"
+        self._client.command(f"DROP TABLE IF EXISTS {db}.{new}")  # left by an interrupted run
+        self._client.command(create_table_sql(event_type, db, ttl_days, table=new))
+        names = ", ".join(f"`{c.name}`" for c in columns(event_type)) + ", `ingest_time`"
+        self._client.command(f"INSERT INTO {db}.{new} ({names}) SELECT {names} FROM {db}.{old}")
+        self._client.command(f"EXCHANGE TABLES {db}.{old} AND {db}.{new}")
+        self._client.command(f"DROP TABLE {db}.{new}")
+
+    def _set_ttl(self, table: str, ttl: str, engine_full: str) -> list[str]:
+        have = engine_full.split(" TTL ", 1)[1].split(" SETTINGS ", 1)[0].strip() if " TTL " in engine_full else ""
+        if _norm(have) == _norm(ttl):
+            return []
+        if ttl:
+            self._client.command(f"ALTER TABLE {self.database}.{table} MODIFY SETTING ttl_only_drop_parts = 1")
+            self._client.command(f"ALTER TABLE {self.database}.{table} MODIFY TTL {ttl}")
+            return [f"{table}: TTL {ttl}"]
+        self._client.command(f"ALTER TABLE {self.database}.{table} REMOVE TTL")
+        return [f"{table}: TTL removed"]
 
     # -- writes ------------------------------------------------------------
     def insert_events(self, events: Iterable[Envelope]) -> int:
@@ -137,6 +203,10 @@ class HistoryStore:
     def close(self) -> None:
         with self._lock:
             self._client.close()
+
+
+def _norm(expr: str) -> str:
+    return "".join(expr.split()).replace("`", "")
 
 
 def _clickhouse_message(exc: Exception) -> str:
