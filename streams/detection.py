@@ -62,6 +62,8 @@ class EngineParams:
     #: Floor of the hang timeout: transport jitter (batching, a loaded node) must not look like a hang
     #: when iterations are far shorter than a second.
     hang_min_timeout_s: float = 0.0
+    #: How often the windows of the sample-driven node detectors (XID, NIC, GPU) are aged.
+    window_tick_s: float = 1.0
     heartbeat_missed_intervals: float = 2.5
     #: Events older than this (against the worker's clock) do not start tracking a
     #: subject: a new consumer group reading an old log must not report every node
@@ -105,6 +107,7 @@ class DetectionEngine:
 
     def __init__(self, params: EngineParams = EngineParams()) -> None:
         self.params = params
+        self._windows_ticked_at: float | None = None
         self.jobs: dict[str, _JobState] = {}
         self.nodes: dict[str, _NodeState] = {}
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
@@ -432,8 +435,14 @@ class DetectionEngine:
         in the cluster. Onsets stay in event time.
         """
         out: list[DetectorFinding] = []
+        # XID, NIC and GPU findings change on their samples; a tick only ages their windows
+        # (holds of minutes), so once a second is enough: at 10 Hz over thousands of nodes it
+        # would cost more than the telemetry itself.
+        windows = self._windows_ticked_at is None or now - self._windows_ticked_at >= self.params.window_tick_s
+        if windows:
+            self._windows_ticked_at = now
         for node, state in self.nodes.items():
-            for det in (state.heartbeat, state.xid, state.nic, state.gpu):
+            for det in (state.heartbeat, state.xid, state.nic, state.gpu) if windows else (state.heartbeat,):
                 if det is None:
                     continue
                 if det is state.heartbeat and now - state.last_arrival <= state.heartbeat.timeout_s:

@@ -118,12 +118,11 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
     async def detect(stream: Any) -> None:
         async for event, msg, message in decoded(stream):
             nodes, jobs = subjects_of.setdefault((msg.topic, msg.partition), (set(), set()))
-            for ev in message.events:
-                key = TOPICS[ev.event_type].key  # type: ignore[attr-defined]
-                if key == "job" and ev.source.job:
-                    jobs.add(ev.source.job)
-                elif key == "node" and ev.source.node:
-                    nodes.add(ev.source.node)
+            if message.events:
+                key = TOPICS[message.events[0].event_type].key  # type: ignore[attr-defined]
+                if key in ("job", "node"):  # a message holds one event type: one key attribute
+                    known = jobs if key == "job" else nodes
+                    known.update(s for s in {getattr(ev.source, key) for ev in message.events} if s)
             now = time.time()
             for ev in message.events:
                 if engine.future(ev, now):
