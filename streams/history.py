@@ -76,6 +76,14 @@ class HistoryStore:
         stored events) and views. Existing rows are kept. Returns what it
         changed (empty when nothing had to).
         """
+        try:
+            return self._migrate(ttl_days, ttl_overrides)
+        except HistoryError:
+            raise
+        except Exception as exc:
+            raise HistoryError(f"migrating {self.database} failed: {_clickhouse_message(exc)}") from exc
+
+    def _migrate(self, ttl_days: int | None, ttl_overrides: dict[str, int] | None) -> list[str]:
         done: list[str] = []
         with self._lock:
             db = self.database

@@ -13,6 +13,7 @@ and raw bytes, and the sink goes on.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,24 @@ class _StoreDown(RuntimeError):
     pass
 
 
+#: ClickHouse error codes that say the store, not the data, is the problem: out of
+#: memory or disk, too many parts, read-only, timeouts, network, overload.
+_UNAVAILABLE_CODES = frozenset({159, 160, 164, 202, 209, 210, 236, 241, 242, 243, 252, 319, 425, 999})
+_UNAVAILABLE_NAMES = ("NOT_ENOUGH_SPACE", "MEMORY_LIMIT_EXCEEDED", "TOO_MANY_PARTS", "TABLE_IS_READ_ONLY",
+                      "TIMEOUT_EXCEEDED", "SOCKET_TIMEOUT", "NETWORK_ERROR", "TOO_MANY_SIMULTANEOUS_QUERIES",
+                      "Connection refused", "Max retries exceeded")
+
+
+def _store_unavailable(exc: BaseException) -> bool:
+    text = str(exc)
+    if "partitions for single INSERT block" in text:
+        return False  # TOO_MANY_PARTS about the batch itself (it spans too many months/days): split it
+    match = re.search(r"Code: (\d+)", text)
+    if match and int(match.group(1)) in _UNAVAILABLE_CODES:
+        return True
+    return any(name in text for name in _UNAVAILABLE_NAMES)
+
+
 def _timestamp(msg: Any) -> float | None:
     kind, ms = msg.timestamp()
     return ms / 1000.0 if kind != TIMESTAMP_NOT_AVAILABLE else None
@@ -51,9 +70,12 @@ class HistorySink:
     """Consume ``config``'s topics into ``store`` until :meth:`stop`."""
 
     def __init__(self, config: StreamConfig, store: HistoryStore, *, group_id: str | None = None,
-                 batch_size: int = 5000, poll_timeout_s: float = 0.2) -> None:
+                 batch_size: int = 5000, poll_timeout_s: float = 0.2, retry_initial_s: float = 0.2,
+                 retry_max_s: float = 10.0, subscribe: bool = True, extra_conf: dict[str, Any] | None = None) -> None:
         self.config = config
         self.store = store
+        self.retry_initial_s = retry_initial_s
+        self.retry_max_s = retry_max_s
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
         self.stats = SinkStats()
@@ -67,8 +89,17 @@ class HistorySink:
             "session.timeout.ms": int(config.session_timeout_s * 1000),
             "heartbeat.interval.ms": int(config.heartbeat_interval_s * 1000),
             "fetch.wait.max.ms": 50,
+            **(extra_conf or {}),
         }))
-        self._consumer.subscribe(all_topic_names(config.topic_prefix))
+        #: Replay: messages with a timestamp before ``since_ms`` are skipped; past ``until_ms``,
+        #: skipped and their partition is done.
+        self.until_ms: int | None = None
+        self.since_ms: int | None = None
+        self.finished: set[tuple[str, int]] = set()
+        self.at_end: set[tuple[str, int]] = set()
+        self.commit_offsets = subscribe  # a replay (partitions assigned by hand) commits nothing
+        if subscribe:
+            self._consumer.subscribe(all_topic_names(config.topic_prefix))
 
     def start(self) -> "HistorySink":
         self._thread = threading.Thread(target=self.run, name="history-sink", daemon=True)
@@ -85,6 +116,10 @@ class HistorySink:
             while not self._stop.is_set():
                 try:
                     self.poll_once()
+                except _StoreDown:
+                    if self._stop.is_set():
+                        break  # stopped while the store was down: the batch stays uncommitted
+                    raise
                 except KafkaException as exc:
                     # e.g. a commit during a rebalance: the batch is stored, its offsets
                     # will be committed with the next batch or re-read (and deduplicated).
@@ -111,10 +146,21 @@ class HistorySink:
         self._origin: dict[Any, tuple[str, int, int]] = {}
         for msg in messages:
             if msg.error():
-                if msg.error().code() != KafkaError._PARTITION_EOF:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    self.at_end.add((msg.topic(), msg.partition()))
+                else:
                     log.warning("consume error: %s", msg.error())
                 continue
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+            if self.until_ms is not None or self.since_ms is not None:
+                self.at_end.discard((topic, partition))
+                ts = _timestamp(msg)
+                if ts is not None and self.since_ms is not None and ts * 1000 < self.since_ms:
+                    continue  # before the range (a broker that does not seek by time starts earlier)
+                if self.until_ms is not None and (
+                        (topic, partition) in self.finished or (ts is not None and ts * 1000 > self.until_ms)):
+                    self.finished.add((topic, partition))
+                    continue
             decoded = decode(msg.value())
             events.extend(decoded.events)
             for event in decoded.events:
@@ -124,7 +170,7 @@ class HistorySink:
                 self.stats.dead_letters += 1
             offsets[(topic, partition)] = offset + 1
         self._store_with_retry(events)
-        if offsets:
+        if offsets and self.commit_offsets:
             self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                                   asynchronous=False)
         self.stats.messages += len(messages)
@@ -134,7 +180,7 @@ class HistorySink:
     def _store_with_retry(self, events: list[Envelope]) -> None:
         # Offsets stay uncommitted until the store takes the batch: nothing is lost
         # while ClickHouse is down, the sink just falls behind.
-        delay = 0.2
+        delay = self.retry_initial_s
         while True:
             try:
                 self._store(events)
@@ -144,27 +190,31 @@ class HistorySink:
                 log.error("history store unavailable, retrying in %.1f s: %s", delay, exc)
                 if self._stop.wait(delay):
                     raise
-                delay = min(delay * 2, 10.0)
+                delay = min(delay * 2, self.retry_max_s)
 
     def _store(self, events: list[Envelope]) -> None:
         """Insert ``events``; an event the store refuses becomes a dead letter.
 
-        A failed batch is split in halves until the failing event is alone; if
-        the store answers a trivial query then, the event itself is the
-        problem (it is dead-lettered and the rest goes on), else the store is
-        down and the whole batch is retried later.
+        A store that is down (it does not answer a trivial query) or out of
+        room (disk, memory, too many parts: ClickHouse's own error codes) raises
+        :class:`_StoreDown`, and the whole batch is retried later with its
+        offsets uncommitted. Any other failure splits the batch in halves until
+        the failing event is alone; it is dead-lettered and the rest goes on.
+        If even the dead letter cannot be stored, the store is the problem.
         """
         try:
             written = self.store.insert_events(events)
         except Exception as exc:  # clickhouse-connect raises many types; classified below
+            if _store_unavailable(exc) or not self.store.healthy():
+                raise _StoreDown(str(exc)) from exc
             if len(events) > 1:
                 half = len(events) // 2
                 self._store(events[:half])
                 self._store(events[half:])
                 return
-            if not self.store.healthy():
-                raise _StoreDown(str(exc)) from exc
             [event] = events
+            if event.event_type == "dead_letter":  # type: ignore[attr-defined]
+                raise _StoreDown(f"the store refuses even a dead letter: {exc}") from exc
             log.error("history refused event %s: %s", event.event_id, exc)
             self.stats.dead_letters += 1
             self._store([refused_event(event, str(exc), *self._origin.get(event.event_id, ("?", 0, 0)))])

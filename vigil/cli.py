@@ -161,7 +161,7 @@ def sql(
         history = open_history(settings)
         result = history.query(query)
     except HistoryError as exc:
-        _fail(str(exc))
+        _query_error(query, str(exc))
     if fmt == "json":
         from vigil.stack import _jsonable
 
@@ -179,6 +179,22 @@ def sql(
         console.print(f"{len(result.rows)} row(s)")
     else:
         _fail(f"unknown --format {fmt!r}: use table, json or tsv", 2)
+
+
+def _query_error(query: str, message: str) -> None:
+    """ClickHouse's message, and the query with a caret under the position it names; exit 1."""
+    import re
+
+    from rich.markup import escape
+
+    err_console.print(f"[red]error:[/red] {escape(message)}")
+    where = re.search(r"\(line (\d+), col (\d+)\)", message)
+    lines = query.splitlines() or [query]
+    if where and 1 <= int(where.group(1)) <= len(lines):
+        line, col = int(where.group(1)), int(where.group(2))
+        err_console.print(escape(lines[line - 1]), highlight=False)
+        err_console.print(" " * (col - 1) + f"[red]^[/red] line {line}, column {col}", highlight=False)
+    raise typer.Exit(1)
 
 
 @tail_app.command("alerts")
@@ -348,16 +364,77 @@ def schemas_export(directory: Path = typer.Argument(..., help="Folder to write <
 
 @app.command()
 def migrate() -> None:
-    """Create the history database and tables (idempotent; `vigil up` does it too)."""
+    """Create or upgrade the history database, tables, rollups and views (idempotent; `vigil up` does it too).
+
+    Keeps every stored row: new columns are added, a table whose layout changed
+    is copied into the new layout and swapped in atomically, rollups are
+    backfilled from the stored events. Raw telemetry is kept
+    VIGIL_TELEMETRY_TTL_DAYS days (0 = forever; per table:
+    VIGIL_TELEMETRY_TTL_OVERRIDES='{"gpu_telemetry": 7}').
+    """
     from streams.history import HistoryError, HistoryStore
 
     settings = _settings()
     try:
         store = HistoryStore(settings.resolved_clickhouse_dsn, settings.clickhouse_database)
-        store.migrate()
+        done = store.migrate(settings.telemetry_ttl_days, settings.telemetry_ttl_overrides)
     except HistoryError as exc:
         _fail(str(exc))
-    console.print(f"history tables ready in {settings.resolved_clickhouse_dsn} ({settings.clickhouse_database})")
+    for line in done:
+        console.print(f"  {line}")
+    console.print(f"history tables ready in {settings.resolved_clickhouse_dsn} ({settings.clickhouse_database})"
+                  + ("" if done else ": nothing to change"))
+
+
+def _parse_time(value: Optional[str], flag: str):
+    from datetime import datetime, timezone
+
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        _fail(f"{flag} {value!r} is not a date-time: use ISO 8601, e.g. 2026-03-01 or 2026-03-01T12:00:00Z", 2)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+@app.command()
+def replay(
+    since: Optional[str] = typer.Option(None, "--from", help="First log time to replay (ISO 8601, UTC if no zone)."),
+    until: Optional[str] = typer.Option(None, "--to", help="Last log time to replay (ISO 8601, UTC if no zone)."),
+    database: Optional[str] = typer.Option(None, help="Database to rebuild into (default VIGIL_CLICKHOUSE_DATABASE)."),
+) -> None:
+    """Rebuild the history from the Kafka log: every topic's messages published in [--from, --to].
+
+    Same tables, rollups and dead letters as the live sink; events already
+    stored are skipped by id, so replaying twice, or into a database the sink
+    fills, adds no duplicate. Give --database to rebuild side by side (e.g.
+    after changing a rollup) and compare. Needs the chDB directory to itself:
+    stop `vigil up` first, or use a ClickHouse server (VIGIL_CLICKHOUSE_DSN).
+    """
+    from vigil.broker import StackError
+    from vigil.stack import resolve_bootstrap, stream_config
+    from streams.history import HistoryError, HistoryStore
+    from streams.replay import replay as run_replay
+
+    settings = _settings()
+    t0, t1 = _parse_time(since, "--from"), _parse_time(until, "--to")
+    try:
+        config = stream_config(settings, resolve_bootstrap(settings))
+        store = HistoryStore(settings.resolved_clickhouse_dsn, database or settings.clickhouse_database)
+        store.migrate(settings.telemetry_ttl_days, settings.telemetry_ttl_overrides)
+    except (StackError, HistoryError) as exc:
+        _fail(str(exc))
+    _terminate_on_sigterm()
+    with console.status("replaying...") as status:
+        result = run_replay(config, store, t0, t1,
+                            progress=lambda st: status.update(f"replaying: {st.messages:,} messages, "
+                                                              f"{st.stored:,} stored..."))
+    st = result.stats
+    console.print(f"replayed {st.messages:,} messages from {result.partitions} partitions in {result.seconds:.1f} s: "
+                  f"{st.stored} stored, {st.duplicates} already stored, {st.dead_letters} dead letters "
+                  f"(database {store.database})")
+    store.close()
 
 
 def _register_producer_commands() -> None:

@@ -39,6 +39,11 @@ class Settings(BaseSettings):
         None, description="chdb:///abs/path (embedded) or http(s)://user:pass@host:8123; default chdb under the state dir."
     )
     clickhouse_database: str = Field("vigil", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    telemetry_ttl_days: int = Field(
+        30, ge=0, description="Days raw telemetry (iterations, steps, GPU/NIC samples, heartbeats) is kept; 0 = forever. "
+        "Incidents, decisions, actions, states and the analytics rollups are kept forever.")
+    telemetry_ttl_overrides: dict[str, int] = Field(
+        default_factory=dict, description='Per-table retention in days (JSON), e.g. {"gpu_telemetry": 7}.')
 
     # -- local state and the embedded broker ---------------------------------
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".vigil", description="Where vigil keeps local state.")

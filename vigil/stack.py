@@ -162,7 +162,7 @@ class EmbeddedStack:
             self.store = HistoryStore(s.resolved_clickhouse_dsn, s.clickhouse_database)
         except HistoryError as exc:
             raise StackError(str(exc)) from exc
-        self.store.migrate()
+        self.store.migrate(s.telemetry_ttl_days, s.telemetry_ttl_overrides)
         if self.with_sink:
             self.sink = HistorySink(self.config, self.store).start()
         query_url = None
