@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean chromium
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "vigil needs Python >= 3.11; set PYTHON=python3.11")'
@@ -25,7 +25,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/vigil demo
 
-test: $(STAMP)
+# The HTML report's render test needs a headless browser: Debian's chromium, installed
+# when missing and when this can (root with apt-get); otherwise that test is skipped.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the report render test..."; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+	      || echo "chromium could not be installed: the report render test will be skipped"; \
+	  else echo "chromium missing and not installable here (needs root and apt-get): the report render test will be skipped"; fi; }
+
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest -q
 
 clean:

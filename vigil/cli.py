@@ -437,6 +437,42 @@ def replay(
     store.close()
 
 
+@app.command()
+def report(
+    since: str = typer.Option("7d", help="Window start: 7d, 12h, 30m ago, or an ISO 8601 time (UTC if no zone)."),
+    until: Optional[str] = typer.Option(None, help="Window end (default now), same forms."),
+    job: Optional[str] = typer.Option(None, help="Only this job (its ETTR, iterations and incidents)."),
+    html_path: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report with plots here."),
+) -> None:
+    """The failure history as tables: incidents by domain, ETTR, MTTF, MTTR, detection latency, lemon nodes.
+
+    With --html, also a self-contained page with plots: iteration time per
+    job with change points and incidents marked, incidents on a timeline,
+    ETTR per job and the lemon-node ranking.
+    """
+    from datetime import datetime, timezone
+
+    from streams.history import HistoryError
+    from vigil.report import collect, parse_when, print_report, render_html
+    from vigil.stack import open_history
+
+    settings = _settings()
+    now = datetime.now(timezone.utc)
+    try:
+        t0, t1 = parse_when(since, now), parse_when(until, now) or now
+    except ValueError as exc:
+        _fail(f"bad time: {exc}", 2)
+    try:
+        history = open_history(settings)
+        rep = collect(history, settings.clickhouse_database, t0, t1, job)
+    except HistoryError as exc:
+        _fail(str(exc))
+    print_report(rep, console)
+    if html_path is not None:
+        html_path.write_text(render_html(rep))
+        console.print(f"HTML report written to {html_path}")
+
+
 def _register_producer_commands() -> None:
     from vigil.agent_cli import agent, bench_hooks
 
