@@ -353,6 +353,34 @@ def bench_planners(
     console.print(f"written to {json_path}")
 
 
+@bench_app.command("history")
+def bench_history(
+    json_path: Path = typer.Option(Path("bench/results/history.json"), "--json", help="Where to write the results."),
+    telemetry_rows: int = typer.Option(100_000_000, min=1000, help="Raw telemetry rows generated in ClickHouse."),
+    incidents: int = typer.Option(1_000_000, min=100, help="Incidents generated (about 1.9 alert versions each)."),
+    sink_events: int = typer.Option(300_000, min=1000, help="Events pushed through Kafka and the history sink."),
+    repeats: int = typer.Option(3, min=1, help="Runs of each cookbook query; the median is reported."),
+) -> None:
+    """Sink insert rows/s (target >= 100,000) and the cookbook queries' latency over a large history (target < 1 s).
+
+    The history (TELEMETRY_ROWS raw telemetry rows and INCIDENTS incidents with
+    decisions and action results) is generated inside ClickHouse with INSERT
+    ... SELECT FROM numbers(), in a temporary chDB directory; at the defaults
+    it takes several minutes and a few GB of disk. Writes JSON
+    {"insert_rows_per_s", "queries": {NAME: seconds}, ...} and prints a table.
+    """
+    from vigil.bench.history import format_table, run
+
+    with console.status("starting...") as status:
+        result = run(str(json_path), telemetry_rows=telemetry_rows, incidents=incidents, sink_events=sink_events,
+                     repeats=repeats, progress=lambda what: status.update(what + "..."))
+    table = Table("measure", "value", "target")
+    for row in format_table(result):
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"written to {json_path}")
+
+
 @schemas_app.command("export")
 def schemas_export(directory: Path = typer.Argument(..., help="Folder to write <event_type>.json files into.")) -> None:
     """Write the JSON Schema of every event type (what subscribers validate against)."""
