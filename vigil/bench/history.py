@@ -95,6 +95,7 @@ def sink_rate(store: Any, n: int, workdir: Path, say: Callable[[str], Any]) -> d
             producer.produce(topic, key=f"n{i % 512:04d}".encode(), value=encode_batch(events[i:i + 500]))
             producer.poll(0)
         producer.flush(120)
+        del producer  # its threads would keep reconnecting to the stopped broker
         say(f"sink: storing {n:,} rows")
         sink = HistorySink(config, store, group_id="bench-sink", batch_size=10_000)
         start = time.perf_counter()
