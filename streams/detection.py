@@ -108,6 +108,12 @@ class DetectionEngine:
     def __init__(self, params: EngineParams = EngineParams()) -> None:
         self.params = params
         self._windows_ticked_at: float | None = None
+        # The feed's own pulse: when the worker last heard anything, and when it heard again
+        # after hearing nothing for longer than a node's heartbeat timeout (its broker or its
+        # link was down: that silence was the worker's, not the cluster's).
+        self._last_heard = float("-inf")
+        self._feed_back_at = float("-inf")
+        self._pulse_timeout_s = float("inf")
         self.jobs: dict[str, _JobState] = {}
         self.nodes: dict[str, _NodeState] = {}
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
@@ -126,11 +132,37 @@ class DetectionEngine:
         """Is the event stamped implausibly far ahead of ``now``? (The caller dead-letters it.)"""
         return to_seconds(event.event_time) > now + self.params.max_future_s
 
+    def heard(self, now: float) -> None:
+        """The worker knows its feed is alive at ``now`` (it reached the broker), data or not.
+
+        A worker whose partitions carry few subjects may hear no data while
+        they are all silent; its broker contact says the silence is theirs.
+        """
+        self._heard(now)
+
+    def _heard(self, now: float) -> None:
+        if now - self._last_heard > self._pulse_timeout_s and self._last_heard > float("-inf"):
+            self._feed_back_at = now
+        self._last_heard = max(self._last_heard, now)
+
+    def _silent(self, last_arrival: float, timeout_s: float, now: float, alone: bool) -> bool:
+        """Has this subject been silent past its timeout, as far as the worker can tell?
+
+        Not while the worker hears nobody at all (unless it tracks this subject
+        alone: then it cannot tell), and not counting the time before its feed came back.
+        """
+        if now - max(last_arrival, self._feed_back_at) <= timeout_s:
+            return False
+        return alone or now - self._last_heard <= timeout_s
+
     def on_events(self, events: Iterable[Envelope], now: float) -> list[DetectorFinding]:
         """Feed one message's events; return the findings they raise or clear.
 
         Duplicated event ids and events from the future are skipped here.
         """
+        events = events if isinstance(events, list) else list(events)
+        if events:
+            self._heard(now)
         out: list[DetectorFinding] = []
         gpu_samples: dict[str, list[GpuTelemetry]] = {}
         for event in events:
@@ -214,6 +246,7 @@ class DetectionEngine:
                                             interval_s=hb.interval_s)
         state.last_arrival = now
         state.heartbeat.update(t=t, interval_s=hb.interval_s, seq=hb.seq)
+        self._pulse_timeout_s = min(self._pulse_timeout_s, state.heartbeat.timeout_s)
         return self._diff_node(node, state.heartbeat, now)
 
     def _on_xid(self, ev: XidError, now: float) -> list[DetectorFinding]:
@@ -441,16 +474,17 @@ class DetectionEngine:
         windows = self._windows_ticked_at is None or now - self._windows_ticked_at >= self.params.window_tick_s
         if windows:
             self._windows_ticked_at = now
+        alone = len(self.nodes) + len(self.jobs) <= 1
         for node, state in self.nodes.items():
             for det in (state.heartbeat, state.xid, state.nic, state.gpu) if windows else (state.heartbeat,):
                 if det is None:
                     continue
-                if det is state.heartbeat and now - state.last_arrival <= state.heartbeat.timeout_s:
+                if det is state.heartbeat and not self._silent(state.last_arrival, det.timeout_s, now, alone):
                     continue
                 det.tick(now)
                 out += self._diff_node(node, det, now)
         for job, state in self.jobs.items():
-            if now - state.last_arrival <= state.hang.timeout_s:
+            if not self._silent(state.last_arrival, state.hang.timeout_s, now, alone):
                 continue
             state.hang.tick(now)
             out += self._diff_job(job, state, state.hang, now)

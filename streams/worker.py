@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -223,12 +224,20 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
 
     ready = {"written": False}
     feedback = _Feedback(config, started_at=time.time()) if decider is not None else None
+    pulse = _BrokerPulse(config)
+
+    @app.task
+    async def start_pulse() -> None:
+        pulse.start()
 
     @app.timer(interval=config.tick_interval_s)
     async def tick() -> None:
         if not recovered.is_set():
             return
         now = time.time()
+        if pulse.last_ok is not None and app.consumer.assignment():
+            # reachable and consuming: a rebalance after an outage hears nothing for seconds
+            engine.heard(pulse.last_ok)
         await publish_findings(engine.tick(now))
         if owns_correlation["yes"]:
             await publish_alerts(correlator.tick(now))
@@ -249,6 +258,40 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
             ready["written"] = True
 
     return app
+
+
+class _BrokerPulse:
+    """When the worker last reached the broker, from a metadata request every ``interval_s``.
+
+    Detection must tell "these nodes went silent" from "I cannot hear anyone":
+    during a broker outage every silence detector would fire at once.
+    """
+
+    def __init__(self, config: StreamConfig, interval_s: float = 0.5) -> None:
+        self.config = config
+        self.interval_s = interval_s
+        self.last_ok: float | None = None
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="vigil-broker-pulse", daemon=True).start()
+
+    def _run(self) -> None:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(self.config.kafka_conf(**{"log_level": 0}))
+        while not self._stop.is_set():
+            asked = time.time()
+            try:
+                admin.list_topics(topic=self.config.topic("heartbeat"), timeout=max(self.interval_s, 1.0))
+                self.last_ok = asked
+            except KafkaException:
+                pass
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 class _Feedback:
