@@ -12,15 +12,16 @@ detector and incident state it holds in memory carry on.
 A dedicated tansu runs on a fixed port so it can be stopped (by its PID) and
 started again on the same address; the session broker is not touched.
 
-Not asserted here: nodes that keep beating through the outage. The worker
-hears nothing while the broker is away, its heartbeat timers fire and, on
-reconnection, those nodes are reported lost until their replayed heartbeats
-clear them (the worker cannot tell a silent cluster from its own deafness).
+A node keeps beating through the outage (its publisher spools and replays):
+it is never reported lost. The worker knows the silence is its own because
+it cannot reach the broker (``streams.worker._BrokerPulse``), and it counts
+a node's silence only from when it could hear again.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -125,9 +126,24 @@ def test_worker_reconnects_after_a_broker_restart_and_detects_new_faults(broker,
     ensure_topics(config.kafka_conf(), config.topic_prefix)
     worker = WorkerProcess(config, tmp_path / "worker")
     before = after = publisher = None
+    steady_stop = threading.Event()
+    steady_state: dict = {}
+
+    def steady() -> None:
+        """A healthy node's agent: beats every 0.5 s through the outage, spooling while it lasts."""
+        pub = Publisher(config.kafka_conf(), config.topic_prefix, linger_ms=0, spool_dir=tmp_path / "spool",
+                        message_timeout_ms=1000, probe_interval_s=0.2)
+        beat = Beats(pub, "n-steady", count=10**6)
+        steady_state["beat"], steady_state["pub"] = beat, pub
+        while not steady_stop.wait(0.05):
+            beat()
+        pub.close(timeout_s=1)
+
+    steady_thread = threading.Thread(target=steady, daemon=True)
     try:
         worker.wait_ready()
         pid = worker.proc.pid
+        steady_thread.start()
 
         # 1. a fault before the restart is detected
         before = Alerts(config)
@@ -160,10 +176,15 @@ def test_worker_reconnects_after_a_broker_restart_and_detects_new_faults(broker,
         assert worker.proc.poll() is None and worker.proc.pid == pid  # reconnected, not restarted
         rejoined = worker.log.read_text().count("Joined group")
         assert rejoined >= 2, f"one join only: {rejoined}"
-        # the incident from before the restart is remembered, not raised again
+        # the incident from before the restart is remembered, not raised again, and the node that
+        # kept beating through the outage was never reported lost
         after.read()
+        assert not any(a.subject.node == "n-steady" for a in after.seen), (
+            steady_state["beat"].seq, steady_state["pub"].spooling, [a.summary for a in after.seen])
         assert after.opened() == expected, after.seen
     finally:
+        steady_stop.set()
+        steady_thread.join(10)
         for a in (before, after):
             if a is not None:
                 a.close()
