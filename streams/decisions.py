@@ -318,8 +318,8 @@ class DecisionEngine:
         key = f"{job}|{kind}|{action}|{'+'.join(sorted(map(str, answers)))}|{attempt}"
         decision_id = uuid.uuid5(_DECISION_NS, key)
         self._decided[decision_id] = _Decided(job, kind, action, answers, now, culprit=culprit)
-        if job is not None and action in LADDER and action != "notify_human":
-            self._inflight[job] = decision_id
+        if job is not None and action in LADDER:
+            self._inflight[job] = decision_id  # a human called counts too: later failures join that call
         return Decision(
             event_id=uuid.uuid5(_DECISION_NS, f"event|{key}"), event_time=from_seconds(now),
             source=Source(cluster=self.cluster, job=job), decision_id=decision_id, idempotency_key=key,

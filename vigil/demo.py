@@ -29,13 +29,14 @@ from rich.text import Text
 
 from producers.publisher import Publisher
 from producers.simulator import ClusterSimulator, Fault, demo_scenario
-from schemas import Alert, decode
+from schemas import Alert, Decision, decode
 from streams.kafka import reader
 from vigil.broker import StackError, die_with_parent
 from vigil.settings import Settings
 from vigil.stack import EmbeddedStack, StackInfo, wait_for_file
 
 SCENARIO_S = 36.0
+FAIL_SLOWS = ("gpu_slow", "congestion")
 GRACE_S = 15.0
 
 
@@ -196,7 +197,8 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
 
     ok = _report(console, scoreboard, history_rows, seen)
     summary = {
-        "faults": [{k: row[k] for k in ("kind", "target", "injected_at", "detected", "severity", "latency_s")}
+        "faults": [{k: row.get(k) for k in ("kind", "target", "injected_at", "detected", "severity", "latency_s",
+                                            "decision")}
                    for row in scoreboard],
         "alerts_in_history": history_count,
         "alerts_on_topic": len(seen),
@@ -213,7 +215,8 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
 def _play(settings: Settings, stack: EmbeddedStack, console: Console, seed: int):
     config = stack.config
     publisher = Publisher(config.kafka_conf(), config.topic_prefix)
-    alerts_reader = reader(config.kafka_conf(), [config.topic("alert")], from_beginning=True)
+    alerts_reader = reader(config.kafka_conf(), [config.topic("alert"), config.topic("decision")], from_beginning=True)
+    decisions: list[Decision] = []
     start = time.time() + 0.2
     sim = demo_scenario(start, seed=seed)
     faults = sim.faults
@@ -224,15 +227,21 @@ def _play(settings: Settings, stack: EmbeddedStack, console: Console, seed: int)
             deadline = start + SCENARIO_S + GRACE_S
             while True:
                 now = time.time()
-                for group in sim.advance(min(now, start + SCENARIO_S)):
+                for group in sim.advance(now):  # the cluster lives on while the demo waits
                     publisher.publish(group)
                     published += len(group)
                 msg = alerts_reader.poll(0.02)  # paces the loop; returns at once when an alert arrives
                 if msg is not None and not msg.error():
                     arrived = time.time()
-                    seen.extend(SeenAlert(a, arrived) for a in decode(msg.value()).events if isinstance(a, Alert))
+                    events = decode(msg.value()).events
+                    seen.extend(SeenAlert(a, arrived) for a in events if isinstance(a, Alert))
+                    decisions.extend(d for d in events if isinstance(d, Decision))
                 live.update(_live_view(sim, start, now, published, seen, faults))
-                done = now >= start + SCENARIO_S and all(r["detected"] for r in match_faults(faults, seen))
+                rows = match_faults(faults, seen)
+                # Fail-stops get a decision at once; a fail-slow is first waited out (ski rental).
+                answered = {str(a) for d in decisions for a in d.answers}
+                decided = all(r["incident_id"] in answered for r in rows if r["kind"] not in FAIL_SLOWS)
+                done = now >= start + SCENARIO_S and all(r["detected"] for r in rows) and decided
                 if done or now >= deadline:
                     break
         publisher.flush()
@@ -259,7 +268,12 @@ def _play(settings: Settings, stack: EmbeddedStack, console: Console, seed: int)
         f"ORDER BY detection_time, incident_version"
     )
     history_rows = (history_sql, stack.store.query(history_sql))
-    return match_faults(faults, seen), history_rows, history_count, seen
+    scoreboard = match_faults(faults, seen)
+    for row in scoreboard:  # what the decision engine chose to do about it (no actuator runs in the demo)
+        # the latest: an incident whose cause turns out graver gets a stronger remedy
+        row["decision"] = next((d.action for d in reversed(decisions)
+                                if row["incident_id"] in {str(a) for a in d.answers}), None)
+    return scoreboard, history_rows, history_count, seen
 
 
 def _live_view(sim: ClusterSimulator, start: float, now: float, published: int, seen: list[SeenAlert],
@@ -284,7 +298,7 @@ def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tu
             seen: list[SeenAlert]) -> bool:
     console.print()
     console.rule("[bold]scoreboard[/bold]")
-    table = Table("injected fault", "target", "expected alert", "found", "sev", "latency s")
+    table = Table("injected fault", "target", "expected alert", "found", "sev", "latency s", "decision")
     for column in table.columns:
         column.no_wrap = True
     ok = True
@@ -296,6 +310,7 @@ def _report(console: Console, scoreboard: list[dict[str, Any]], history_rows: tu
             "[green]yes[/green]" if row["detected"] else "[red]NO[/red]",
             (f"sev{row['severity']}" if row["severity"] else "-") + ("" if good else " [red]✗[/red]"),
             f"{row['latency_s']:.2f}" if row["latency_s"] is not None else "-",
+            row.get("decision") or "-",
         )
     console.print(table)
     matched = {row["incident_id"] for row in scoreboard}
