@@ -388,16 +388,10 @@ def actuate(
     from actuators.safety import Safety, SafetyLimits
     from schemas import Source
     from vigil.broker import StackError
-    from vigil.settings import Settings
+    from vigil.cliutil import settings_and_logging
     from vigil.stack import resolve_bootstrap
 
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings()
-    except Exception as exc:
-        typer.echo(f"error: invalid VIGIL_* setting: {exc}", err=True)
-        raise typer.Exit(2) from None
+    settings = settings_and_logging(log_level, logging.INFO)
     ledger_path = ledger or _ledger_default(settings.state_dir)
     who = f"{os.environ.get('USER', '?')}@{socket.gethostname()}"
     if reset_circuit or reset_job:

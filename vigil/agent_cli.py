@@ -111,16 +111,10 @@ def agent(
     from producers.training import NodeBatcher
     from schemas import Source
     from vigil.broker import StackError
-    from vigil.settings import Settings
+    from vigil.cliutil import settings_and_logging
     from vigil.stack import resolve_bootstrap
 
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = Settings()
-    except Exception as exc:
-        typer.echo(f"error: invalid VIGIL_* setting: {exc}", err=True)
-        raise typer.Exit(2) from None
+    settings = settings_and_logging(log_level, logging.WARNING)
     if job_liveness and not job:
         raise typer.BadParameter("--job-liveness needs --job")
     if actuate and not (job and command):
