@@ -27,7 +27,7 @@ from typing import Any, Callable
 from producers.clustersim.engine import T0, Costs, Simulation
 from producers.clustersim.model import GPUS_PER_NODE, HardwareSpec, JobConfig, Topology, mixed_jobs, unicron_case5
 from producers.clustersim.policies import POLICIES, initial_placement
-from producers.clustersim.traces import DAY, PRESETS, Trace, poisson_trace, preset
+from producers.clustersim.traces import PRESETS, Trace, poisson_trace, preset
 
 __all__ = ["scenario", "simulate", "Costs", "Simulation", "T0", "POLICIES", "PRESETS"]
 

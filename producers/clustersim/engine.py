@@ -571,7 +571,7 @@ class Simulation:
     def run(self) -> dict[str, Any]:
         wall = time.perf_counter()
         cpu = time.process_time()
-        for i, f in enumerate(self.trace.fail_stops):
+        for f in self.trace.fail_stops:
             self.at(f.t, self._failstop, f)
         for i, s in enumerate(self.trace.fail_slows):
             self.at(s.t, self._slow_start, i, s)

@@ -41,7 +41,7 @@ import numpy as np
 from actuators.planners import (
     JobSpec, consolidate_stragglers, place_best_fit, place_job, plan_workers, reroute_congested_link,
 )
-from producers.clustersim.engine import Costs, JobRun, Simulation
+from producers.clustersim.engine import JobRun, Simulation
 from producers.clustersim.model import GPUS_PER_NODE, JobConfig, Topology, throughput_table
 from producers.clustersim.probes import FailSlowProbe, FailStopProbe
 from producers.clustersim.traces import FailStop
@@ -405,7 +405,6 @@ class SimActuator:
         self.v.replan(failed=job.name, pause_failed=sim.costs.restart_s, rollback=True)
 
     def _global(self, d: Decision) -> str:
-        sim = self.v.sim
         if d.action == "isolate_node" and d.target.node:
             return f"{d.target.node} runs no job: left to repair"
         alloc = d.plan.get("allocation") if isinstance(d.plan, dict) else None

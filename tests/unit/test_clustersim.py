@@ -10,7 +10,7 @@ import pytest
 
 from producers.clustersim import Costs, scenario, simulate
 from producers.clustersim.model import (
-    MODELS, HardwareSpec, JobConfig, StepFactors, Topology, iteration_time, throughput_table,
+    MODELS, HardwareSpec, JobConfig, StepFactors, Topology, iteration_time, link_role, throughput_table,
 )
 from producers.clustersim.publish import AcceleratedPublisher
 from producers.clustersim.traces import DAY, FailSlow, FailStop, Trace, preset
@@ -53,7 +53,6 @@ def test_a_slow_gpu_stretches_only_the_compute_part_when_the_job_communicates():
 
 def test_a_congested_link_slows_only_the_traffic_that_crosses_it():
     grid = [["a0", "a1"], ["b0", "b1"]]
-    from producers.clustersim.model import link_role
     assert link_role(grid, "a0", "b0") == "dp" and link_role(grid, "a0", "a1") == "pp"
     assert link_role(grid, "a0", "b1") is None and link_role(grid, "a0", "zz") is None
     m = MODELS["13B"]

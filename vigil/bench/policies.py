@@ -263,7 +263,8 @@ def markdown(result: dict[str, Any]) -> str:
     kinds = sorted(set(pp["vigil"]["detection"]) | set(pp["restart-only"]["recovery"]))
     fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
     for k in kinds:
-        g = lambda p, what: (pp[p][what].get(k) or {}).get("p50_s")  # noqa: E731
+        def g(p: str, what: str, k: str = k) -> float | None:
+            return (pp[p][what].get(k) or {}).get("p50_s")
         lines.append(f"| {k} | {fmt(g('vigil', 'detection'))} | {fmt(g('per-job', 'detection'))} | "
                      f"{fmt(g('restart-only', 'detection'))} | {fmt(g('vigil', 'recovery'))} | "
                      f"{fmt(g('restart-only', 'recovery'))} |")
