@@ -238,7 +238,8 @@ class DecisionEngine:
             info = self.jobs.setdefault(job, _JobInfo())
             prev = info.spec
             info.spec = event
-            info.nodes |= set(event.nodes)
+            if event.nodes:  # where it runs now: nodes it has left are no longer its concern
+                info.nodes = set(event.nodes)
             arrived = event.state in ("pending", "running") and (prev is None or prev.state in ("completed", "failed", "cancelled"))
             finished = event.state in ("completed", "failed", "cancelled") and prev is not None and \
                 prev.state not in ("completed", "failed", "cancelled")
@@ -300,7 +301,9 @@ class DecisionEngine:
         elif action == "restart_process":
             plan = {"nodes": nodes} if nodes else {}
         elif action == "reconfigure":
-            excluded = sorted({culprit} if culprit else set()) or sorted(self.nodes_down & set(nodes))
+            # Nodes known to be down come first: when a restart failed because another node died,
+            # the node of the rank that crashed first is healthy and must not be drained.
+            excluded = sorted(self.nodes_down & set(nodes)) or sorted({culprit} if culprit else set())
             plan = {"exclude_nodes": excluded}
         else:
             plan = {}

@@ -212,3 +212,18 @@ def test_invalid_parameters_are_refused():
         Escalation(max_restarts=0)
     with pytest.raises(ValueError, match="unknown strategy"):
         FailSlowMitigation({"reboot_the_datacenter": 1.0})
+
+
+def test_reconfiguration_excludes_the_nodes_known_down_and_forgets_nodes_a_job_left():
+    eng = DecisionEngine(settle_s=0)
+    t = from_seconds(0)
+    eng.on_state(JobState(event_time=t, source=Source(job="gpt"), state="running", nodes=["n1", "n2", "n3"]), 0)
+    (restart,) = decisions(eng.on_alert(alert("process_exit", 2, node="n1"), 1))
+    # the restart fails because n3 died meanwhile: n3 is drained, not n1 where the first rank crashed
+    eng.on_state(NodeState(event_time=t, source=Source(node="n3"), state="lost"), 2)
+    (reconf,) = decisions(eng.on_action_result(result(restart, "failed", "rank on n3 unreachable"), 3))
+    assert reconf.action == "reconfigure" and reconf.plan == {"exclude_nodes": ["n3"]}
+    # the job moved to n1, n2, n4: a later loss of n3 is not its concern
+    eng.on_state(JobState(event_time=t, source=Source(job="gpt"), state="running", nodes=["n1", "n2", "n4"]), 4)
+    (iso,) = decisions(eng.on_alert(alert("node_lost", 1, job=None, node="n3"), 5))
+    assert iso.action == "isolate_node" and iso.target.node == "n3" and iso.target.job is None
