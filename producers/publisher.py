@@ -20,8 +20,20 @@ The publisher is in one of two modes:
     ``probe_interval_s`` the publisher asks the broker for metadata; when it
     answers and knows the topic at the head of the spool, the spool is
     replayed from its head in chunks: a chunk is acknowledged (removed) only
-    when Kafka confirmed every message of it. When the spool is empty the
-    publisher is ``online`` again.
+    when Kafka confirmed every message of it. Once Kafka has taken a chunk,
+    the last one (the rest of the spool) is handed to librdkafka and the
+    publisher is ``online`` again at once: new messages are produced after
+    it, so they keep their order, and a publisher that publishes as fast as
+    it replays (an agent's heartbeat, one per poll) does not chase the tail
+    of its own spool forever. Should that last chunk fail, it is still in
+    the spool (acknowledged only when confirmed) and the publisher spools
+    again.
+
+A replay chunk that fails although the broker answered the probe says the
+producer itself is stuck (an idempotent producer whose id or epoch the
+broker does not know, e.g. after a broker restart lost its state, or a
+retention expired the id): the producer is recreated (a fresh producer id)
+before the next attempt, instead of failing the same way forever.
 
 A message that was in flight when the outage began may have reached the
 broker and still be spooled and replayed: downstream consumers deduplicate by
@@ -161,6 +173,7 @@ class Publisher:
         self._replaying: tuple[Position, int] | None = None  # (end of chunk, outstanding)
         self._chunk_failed = False
         self._verified = False  # the broker took the last replayed chunk
+        self._stuck = False  # a replayed message failed other than by our own purge
         self._fatal = False
         self.spooling = self._spool is not None and not self._spool.empty
         if self.spooling:
@@ -230,6 +243,8 @@ class Publisher:
             self._chunk_failed = True
             self._verified = False
             self.last_error = err
+            if err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
+                self._stuck = True
         if self._replaying is not None:
             end, outstanding = self._replaying
             self._replaying = (end, outstanding - 1)
@@ -322,6 +337,7 @@ class Publisher:
             self.stats.outages += 1
             log.warning("broker unreachable (%s): spooling to %s", self.last_error,
                         self._spool.directory if self._spool is not None else None)
+        self._verified = False  # a new outage: the broker is asked before the next replay
         # Take back what librdkafka still holds: its callbacks put it in _failed_back.
         try:
             self._producer.purge(in_queue=True, in_flight=True, blocking=False)
@@ -351,28 +367,33 @@ class Publisher:
             return None
         if self._fatal:
             self._recreate()
+        if self.spooling:
+            self._poll(0)
+            self._drain_failed_back()
+        # A chunk in flight: while spooling, or online (the last chunk, handed off).
+        if self._replaying is not None:
+            end, outstanding = self._replaying
+            if outstanding <= 0:
+                self._replaying = None
+                if self._chunk_failed:
+                    self._replay_failed()
+                    return None
+                self._spool.ack(end)
+            elif self.spooling:
+                return None
         if not self.spooling:
             if self._failed_back or (self._down and len(self._producer) > 0):
                 self._enter_spooling()
+            elif self._replaying is None and not self._spool.empty:  # defensive: never leave it unread
+                self.spooling = True
             return None
-        self._poll(0)
-        self._drain_failed_back()
-        if self._replaying is not None:
-            end, outstanding = self._replaying
-            if outstanding > 0:
-                return None
-            self._replaying = None
-            if self._chunk_failed:
-                self._chunk_failed = False
-                self._next_probe = time.monotonic() + self.probe_interval_s
-                return None
-            self._spool.ack(end)
         if self._spool.empty:
             self.spooling = False
+            self._verified = False
             log.warning("spool replayed: publishing directly again")
             return None
         if self._verified:  # the broker just took a chunk: no need to ask again
-            self._start_replay()
+            self._start_replay(handoff=True)
             return None
         now = time.monotonic()
         if not probe or now < self._next_probe:
@@ -381,14 +402,42 @@ class Publisher:
         head = self._spool.read(1)
         return head[0][1].topic if head else None
 
-    def _start_replay(self) -> None:
-        """Produce the next chunk of the spool (lock held)."""
+    def _replay_failed(self) -> None:
+        """A replayed chunk was not confirmed (lock held): it is still in the spool.
+
+        Unless only our own purge failed it, the broker answered the probe and
+        still did not take it: the producer's own state (its idempotent
+        producer id, sequence or epoch) is suspect, so a fresh producer makes
+        the next attempt, as soon as the broker answers it.
+        """
+        self._chunk_failed = False
+        self._verified = False
+        stuck, self._stuck = self._stuck, False
+        if not self.spooling:  # the handed-off last chunk failed: spool again
+            self._enter_spooling()
+        if stuck:
+            log.warning("replay of the spool failed (%s): recreating the producer for the next attempt",
+                        self.last_error)
+            self._recreate()
+            self._next_probe = time.monotonic()
+        else:
+            self._next_probe = time.monotonic() + self.probe_interval_s
+
+    def _start_replay(self, handoff: bool = False) -> None:
+        """Produce the next chunk of the spool (lock held).
+
+        With ``handoff`` (the broker has just confirmed the previous chunk) and
+        the chunk holding the rest of the spool, the publisher is online again
+        as soon as the chunk is produced (see the module's doc).
+        """
         assert self._spool is not None
         if self._replaying is not None or not self.spooling:
             return
-        chunk = self._spool.read(self.replay_chunk)
+        chunk = self._spool.read(self.replay_chunk + 1)
         if not chunk:
             return
+        last = len(chunk) <= self.replay_chunk
+        chunk = chunk[:self.replay_chunk]
         self._verified = True
         self._replaying = (chunk[-1][0], len(chunk))
         drops = self._spool.unreported_drops
@@ -416,6 +465,10 @@ class Publisher:
                 except BufferError:
                     self._poll(0.05)
         self._poll(0)
+        if handoff and last and not (self._fatal or self._chunk_failed or self._failed_back):
+            self.spooling = False
+            self._verified = False
+            log.warning("spool replayed (its last %d messages in flight): publishing directly again", len(chunk))
 
     def _probe_and_replay(self, topic: str | None) -> None:
         """Ask the broker (without the lock) whether it is back; replay if so."""
@@ -437,7 +490,7 @@ class Publisher:
         return ok
 
     def _recreate(self) -> None:
-        log.warning("recreating the Kafka producer after a fatal error (%s)", self.last_error)
+        log.warning("recreating the Kafka producer (%s)", self.last_error)
         self._fatal = False
         old = self._producer
         # Take back what the old producer holds: its delivery callbacks spool it.
@@ -454,6 +507,7 @@ class Publisher:
         self._producer = Producer(self._conf)
         self._replaying = None
         self._chunk_failed = False
+        self._stuck = False
         self._verified = False
         self._drain_failed_back()
         if not self.spooling and self._spool is not None and not self._spool.empty:
