@@ -13,22 +13,78 @@ its gradients on its dp group. Faults can be injected per rank and step range:
 
 Measurements (:func:`run`):
 
+The end-to-end A/B
+    one training run alternates blocks of steps with and without the hooks
+    (step context, collective instrumentation, the control channel, records
+    to the node batcher, which publishes to a real broker). Every rank times
+    every step three ways: wall time (``perf_counter``), the CPU time of its
+    main thread (``thread_time``) plus that of the threads the hooks started
+    (read from their own CPU clocks), and the CPU time of the whole process
+    (``process_time``). :func:`ab_overhead` compares each hooks-on block
+    with its hooks-off neighbours and gives the median over the on blocks
+    with a seeded percentile-bootstrap 95% interval, and the spread of the
+    estimates. It runs twice: on the default short step (``hidden`` 256,
+    ``batch`` 64: ~15 ms, most of it waiting for the CPU) and on a longer,
+    more realistic one (``real_hidden`` 512, ``real_batch`` 768: ~100-200 ms
+    here; real steps last 100s of ms to seconds).
+
+    Why CPU time: on a 2-core machine running four ranks, the broker, the
+    batcher and whatever else shares it, the wall time of a step jitters by
+    10-30% from block to block (on the long step too), far more than 1%,
+    so the wall A/B (``detail.end_to_end.*.wall``) cannot resolve 1%. The
+    CPU a rank spends on its own step hardly depends on who else competes
+    for the cores. The hooks do all their work on the calling thread (step
+    context, wrappers, encoding, a non-blocking ``sendto``; there is no
+    flush thread) plus one background thread, the control channel's
+    listener; so the primary CPU measure (``cpu_main``) counts exactly
+    those. ``process_time`` (``cpu_process``) also counts gloo's worker and
+    transport threads, whose CPU is the same work in both arms but varies
+    with how the ranks interleave: it adds noise and no signal, and is
+    reported beside it. The hooks' cost is then the extra CPU per step with
+    the hooks on over the step's wall time (``vs_wall``: on a machine with a
+    core per rank, work added to the step's thread lengthens the step by as
+    much) and over its CPU time (``vs_cpu``).
+
+    Blocks are short (20 steps of the short step, 6 of the long one) so
+    that slow drifts of the machine's load cancel between neighbours, and
+    many (40 and 25 pairs by default, ~2 min of training): on the 2-core
+    test machine at a load average of 4-7 the ``cpu_main.vs_wall`` interval
+    is about +-0.3-0.6 percentage point on the short step and +-0.2 on the
+    long one, while the wall A/B's is +-4-6 points (pair spread 11-14%).
+    The in-situ cost (``cpu_main_extra_us``: real tensors, cold caches, the
+    control channel's poll, the socket send) is ~50-90 us per short step,
+    several times the isolated figure below, and ~0.25-0.4 ms per long step:
+    it grows with the step's duration, most likely from the control
+    channel's listener waking every 0.2 s (~40 us of its own CPU per
+    wake-up here, plus its hand-overs of the GIL to and from the step's
+    thread; a run without the control channel measured about half as much).
+
+``python -m vigil.bench.hooks`` exposes every size (``--steps``, ``--block``,
+``--hidden``, ``--batch``, ``--real-steps``, ``--real-block``,
+``--real-hidden``, ``--real-batch``, ``--acf-steps``, ``--seed``).
+
 ``overhead_pct``
+    the end-to-end measure ``cpu_main.vs_wall`` of the short step (the
+    larger relative cost of the two), when its bootstrap interval is within
+    +-1 percentage point (:func:`choose_overhead`), whatever it says (a
+    tight interval above 1% is reported as it is); otherwise the hooks'
+    hot-path cost measured in isolation (below) over the median step time.
+    ``detail.overhead_source`` says which. Caveat: the short step's wall
+    time here is mostly waiting for a core (~3 ms of CPU per rank in ~14 ms);
+    on a core per rank it would be nearer its CPU time, and the same extra
+    CPU is ``cpu_main.vs_cpu`` of it (~2-3%): the figure for a
+    millisecond-scale step with nothing else to wait for. Over the longer
+    step (~50 ms of CPU per rank in ~150-200 ms) ``vs_wall`` is ~0.2% and
+    ``vs_cpu`` ~0.5-0.9%.
+``detail.isolated``
     the CPU cost of the hooks' hot path per step (step context, the
     collective wrappers, the amortized encode-and-send of records), measured
-    in isolation with ``perf_counter`` over 20k steps, divided by the median
-    real step time of the workload below. On a 2-core machine running four
-    ranks, the broker and the batcher, step times jitter by 10-30% from block
-    to block, far more than 1%, so an A/B difference alone cannot resolve 1%.
-``detail.ab_overhead_pct``
-    the end-to-end check: the same training run alternates blocks of steps
-    with and without the hooks (step API + collective instrumentation +
-    records to the node batcher, which publishes to a real broker); rank 0
-    times every step with ``perf_counter`` around the whole step. Median over
-    adjacent (off, on) block pairs of ``mean(on) / mean(off) - 1``, with the
-    spread of the pairs (``ab_pair_spread_pct``) as its noise.
+    in isolation with ``perf_counter`` over 20k steps with warm caches: a
+    lower bound of the in-situ cost (``cpu_main_extra_us``).
 ``acf_rel_error``
-    over a final contiguous hooks-on segment, rank 0's collective calls (as
+    over a final contiguous hooks-on segment of the short-step run
+    (``acf_steps``: both figures are medians of step times that jitter by
+    tens of percent here, so a few hundred steps), rank 0's collective calls (as
     published) give the iteration period by ACF and the iteration time by
     :func:`detectors.period.iteration_time_from_period`; compared with the
     median of the measured step times.
@@ -47,11 +103,12 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_workload", "run", "WorkloadResult"]
+__all__ = ["WorkloadResult", "ab_overhead", "choose_overhead", "run", "run_workload"]
 
 
 # -- the workload ---------------------------------------------------------------------------------
@@ -145,8 +202,22 @@ def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
         opt.step()
 
     block = cfg.get("block", 0)
-    times: list[tuple[int, bool, float]] = []
+    # Per step: (step, hooks_on, wall s, process CPU s, main-thread CPU s, hooks' threads CPU s).
+    rows: list[tuple[int, bool, float, float, float, float]] = []
     instrumented = False
+    hook_clocks: list[int] = []  # CPU clocks of the threads the hooks started (the control channel)
+    hook_cpu_last = 0.0
+    control_dir = cfg.get("control_dir")
+
+    def hook_threads_cpu() -> float:
+        total = 0.0
+        for clk in hook_clocks:
+            try:
+                total += time.clock_gettime(clk)
+            except OSError:  # the thread has ended
+                pass
+        return total
+
     dist.barrier()
     for step in range(cfg["steps"]):
         state["step"] = step
@@ -154,36 +225,57 @@ def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
             hooks == "alternate" and step >= cfg.get("tail_on_from", 1 << 60))
         if mon is not None and on != instrumented:
             if on:
+                before = {t.ident for t in threading.enumerate()}
                 mon.instrument_collectives(dist)
+                if control_dir:
+                    mon.start_control(Path(control_dir) / f"r{rank}.sock")
+                hook_clocks = [time.pthread_getcpuclockid(t.ident) for t in threading.enumerate()
+                               if t.ident not in before and t.ident is not None]
+                hook_cpu_last = hook_threads_cpu()
             else:
                 mon.uninstrument_collectives()
+                if mon.control is not None:
+                    mon.control.close()
+                    mon.control = None
+                hook_clocks = []
             instrumented = on
         t0 = time.perf_counter()
+        p0 = time.process_time()
+        m0 = time.thread_time()
         if on and mon is not None:
             with mon.step(step):
                 train_step(step)
         else:
             train_step(step)
-        times.append((step, on, time.perf_counter() - t0))
+        m1 = time.thread_time()
+        p1 = time.process_time()
+        hook_cpu = 0.0
+        if hook_clocks:
+            now_cpu = hook_threads_cpu()
+            hook_cpu, hook_cpu_last = now_cpu - hook_cpu_last, now_cpu
+        t1 = time.perf_counter()
+        rows.append((step, on, t1 - t0, p1 - p0, m1 - m0, hook_cpu))
     dist.barrier()
     if mon is not None:
         mon.close()
-    if rank == 0 and cfg.get("times_path"):
-        Path(cfg["times_path"]).write_text(json.dumps(times))
+    if cfg.get("times_path"):
+        Path(f"{cfg['times_path']}.rank{rank}").write_text(json.dumps(rows))
     dist.destroy_process_group()
 
 
 class WorkloadResult(dict):
-    """``times``: rank 0's ``(step, hooks_on, seconds)``."""
+    """``times``: rank 0's ``(step, hooks_on, seconds)``; ``ranks``: per rank, per step,
+    ``(step, hooks_on, wall_s, process_cpu_s, main_thread_cpu_s, hook_threads_cpu_s)``."""
 
 
 def run_workload(cfg: dict[str, Any], timeout_s: float = 300.0) -> WorkloadResult:
-    """Run the workload in ``cfg["world"]`` fresh processes; return rank 0's step times.
+    """Run the workload in ``cfg["world"]`` fresh processes; return every rank's step times.
 
     ``cfg``: ``world``, ``grid`` (dp, tp), ``steps``, ``hidden``, ``batch``,
     ``hooks`` ("on" | "off" | "alternate"), ``block`` (alternate), ``socket``
     (the node batcher's), ``job``, ``faults`` (list of ``{kind, rank, start,
-    end, delay_s}``).
+    end, delay_s}``), ``control_dir`` (optional: with the hooks on, each rank
+    also listens on its control channel there, as a real job would).
     """
     import torch.multiprocessing as mp
 
@@ -199,8 +291,9 @@ def run_workload(cfg: dict[str, Any], timeout_s: float = 300.0) -> WorkloadResul
                     if p.is_alive():
                         p.kill()
                 raise TimeoutError(f"the workload did not finish within {timeout_s} s")
-        times = json.loads(Path(cfg["times_path"]).read_text())
-    return WorkloadResult(times=[(s, bool(on), float(t)) for s, on, t in times])
+        ranks = [[(int(r[0]), bool(r[1]), *map(float, r[2:])) for r in json.loads(Path(f"{cfg['times_path']}.rank{k}").read_text())]
+                 for k in range(cfg["world"])]
+    return WorkloadResult(times=[(r[0], r[1], r[2]) for r in ranks[0]], ranks=ranks)
 
 
 # -- the benchmark -------------------------------------------------------------------------------
@@ -227,26 +320,107 @@ class _Tee:
         self.publisher.poll(timeout_s)
 
 
-def overhead_from_times(times: list[tuple[int, bool, float]], block: int, skip: int) -> tuple[float, list[float]]:
-    """Median over adjacent (off, on) block pairs of mean(on)/mean(off) - 1, in percent."""
-    blocks: dict[int, list[float]] = {}
+MEASURES = ("wall", "cpu_main", "cpu_process")
+
+
+def _bootstrap_ci(values: list[float], stat: Any, rng: Any, n_boot: int, level: float) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``stat(values)``."""
+    n = len(values)
+    if n < 2:
+        return (values[0], values[0]) if values else (float("nan"), float("nan"))
+    boots = sorted(stat([values[rng.randrange(n)] for _ in range(n)]) for _ in range(n_boot))
+    lo = boots[int((1.0 - level) / 2 * (n_boot - 1))]
+    hi = boots[int((1.0 + level) / 2 * (n_boot - 1) + 0.5)]
+    return lo, hi
+
+
+def ab_overhead(ranks: list[list[tuple]], block: int, *, skip_blocks: int = 1, warm: int = 0, seed: int = 0,
+                n_boot: int = 2000, level: float = 0.95) -> dict[str, Any]:
+    """The end-to-end A/B of an alternating run, on wall time and on CPU time.
+
+    ``ranks``: per rank, per step ``(step, hooks_on, wall_s, process_cpu_s,
+    main_thread_cpu_s, hook_threads_cpu_s)`` (:func:`run_workload`'s
+    ``ranks``). Steps are grouped in blocks of ``block``; the first
+    ``skip_blocks`` blocks (warm-up) and the first ``warm`` steps of every
+    block are left out. ``warm`` is 0 by default: the hooks flush their
+    records at the first step of an on block (the last flush was more than
+    ``flush_interval_s`` ago), so leaving that step out would leave the flush
+    out; the switch itself (wrappers installed or removed, the control thread
+    started or joined) happens between the timed steps. Per block, each
+    measure is the mean over its steps (a mean, not a median: the flush is
+    one step in many), averaged over the ranks. Each hooks-on block is
+    compared with the mean of its hooks-off neighbours (both where there are
+    two: a linear drift cancels), which gives one estimate per on block:
+
+    * ``wall``: ``wall_on / wall_off - 1``;
+    * ``cpu_main``: the extra CPU time of the rank's main thread plus the
+      threads the hooks started (the control channel), over the off blocks'
+      wall time (``vs_wall``) and over their CPU time (``vs_cpu``);
+    * ``cpu_process``: the same with the whole process's CPU time
+      (``time.process_time``: also gloo's worker and transport threads).
+
+    and ``cpu_main_extra_us``, that extra CPU in microseconds per step. For
+    each: the median over the on blocks with a seeded percentile bootstrap
+    interval of the median (``ci``, ``level``), the mean with its interval,
+    the spread (population sd) of the estimates (the pair spread), and the
+    estimates, in percent (microseconds for ``cpu_main_extra_us``).
+    """
+    import random
+
+    sums: dict[int, list[float]] = {}  # block -> [wall, cpu_main, cpu_proc] summed over ranks of per-rank means
     kind: dict[int, bool] = {}
-    for step, on, t in times:
-        if step < skip:
+    count: dict[int, int] = {}
+    for rows in ranks:
+        per: dict[int, list[list[float]]] = {}
+        for step, on, wall, proc, main, hook in rows:
+            b = step // block
+            if b < skip_blocks or step - b * block < warm:
+                continue
+            per.setdefault(b, []).append([wall, main + hook, proc])
+            kind[b] = on
+        for b, xs in per.items():
+            m = [statistics.fmean(col) for col in zip(*xs)]
+            acc = sums.setdefault(b, [0.0, 0.0, 0.0])
+            for i in range(3):
+                acc[i] += m[i]
+            count[b] = count.get(b, 0) + 1
+    blocks = {b: [v / count[b] for v in acc] for b, acc in sums.items()}
+    est: dict[str, list[float]] = {"wall": [], "cpu_main_vs_wall": [], "cpu_main_vs_cpu": [],
+                                   "cpu_process_vs_wall": [], "cpu_process_vs_cpu": [], "cpu_main_extra_us": []}
+    off_blocks, on_blocks = [], []
+    for b in sorted(blocks):
+        if not kind[b]:
+            off_blocks.append(blocks[b])
             continue
-        b = step // block
-        blocks.setdefault(b, []).append(t)
-        kind[b] = on
-    ratios = []
-    ids = sorted(blocks)
-    for b in ids:
-        if kind[b] and (b - 1) in blocks and not kind[b - 1]:
-            ratios.append(statistics.fmean(blocks[b]) / statistics.fmean(blocks[b - 1]) - 1.0)
-        if kind[b] and (b + 1) in blocks and not kind[b + 1]:
-            ratios.append(statistics.fmean(blocks[b]) / statistics.fmean(blocks[b + 1]) - 1.0)
-    if not ratios:
-        raise ValueError("no adjacent on/off blocks to compare")
-    return 100.0 * statistics.median(ratios), [100.0 * r for r in ratios]
+        nb = [blocks[n] for n in (b - 1, b + 1) if n in blocks and not kind[n]]
+        if not nb:
+            continue
+        on_blocks.append(blocks[b])
+        ref = [statistics.fmean(col) for col in zip(*nb)]
+        on = blocks[b]
+        est["wall"].append(100.0 * (on[0] / ref[0] - 1.0))
+        est["cpu_main_vs_wall"].append(100.0 * (on[1] - ref[1]) / ref[0])
+        est["cpu_main_vs_cpu"].append(100.0 * (on[1] - ref[1]) / ref[1])
+        est["cpu_process_vs_wall"].append(100.0 * (on[2] - ref[2]) / ref[0])
+        est["cpu_process_vs_cpu"].append(100.0 * (on[2] - ref[2]) / ref[2])
+        est["cpu_main_extra_us"].append(1e6 * (on[1] - ref[1]))
+    if not on_blocks:
+        raise ValueError("no hooks-on block next to a hooks-off block")
+    rng = random.Random(seed)
+    out: dict[str, Any] = {"pairs": len(on_blocks), "level": level, "bootstrap": n_boot, "seed": seed}
+    for name, xs in est.items():
+        lo, hi = _bootstrap_ci(xs, statistics.median, rng, n_boot, level)
+        mlo, mhi = _bootstrap_ci(xs, statistics.fmean, rng, n_boot, level)
+        out[name] = {"median": round(statistics.median(xs), 3), "ci": [round(lo, 3), round(hi, 3)],
+                     "mean": round(statistics.fmean(xs), 3), "mean_ci": [round(mlo, 3), round(mhi, 3)],
+                     "spread": round(statistics.pstdev(xs), 3), "estimates": [round(x, 3) for x in xs]}
+
+    def ms(bl: list[list[float]], i: int) -> float | None:
+        return round(1000.0 * statistics.median(x[i] for x in bl), 3) if bl else None
+    out["step_ms"] = {"wall_off": ms(off_blocks, 0), "wall_on": ms(on_blocks, 0),
+                      "cpu_main_off": ms(off_blocks, 1), "cpu_main_on": ms(on_blocks, 1),
+                      "cpu_process_off": ms(off_blocks, 2), "cpu_process_on": ms(on_blocks, 2)}
+    return out
 
 
 def acf_error(collectives: list[Any], iterations: list[Any]) -> dict[str, Any]:
@@ -382,10 +556,73 @@ def hook_cost_per_step(n_steps: int = 20000, collectives_per_step: int = 3) -> d
     return {"us_per_step": round(1e6 * (with_hooks - base) / n_steps, 2), "collectives_per_step": collectives_per_step}
 
 
-def run(json_path: str | os.PathLike, *, steps: int = 600, block: int = 50, world: int = 4, hidden: int = 256,
-        batch: int = 64, acf_steps: int = 150, agent_seconds: float = 20.0, bootstrap: str | None = None,
-        progress: Any = None) -> dict[str, Any]:
-    """Run the whole benchmark; write JSON to ``json_path`` and return it."""
+def _thread_cpu(thread: threading.Thread | None) -> float:
+    if thread is None or thread.ident is None:
+        return 0.0
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    except OSError:
+        return 0.0
+
+
+def _ab_run(label: str, *, world: int, steps: int, block: int, hidden: int, batch: int, sock: str, batcher: Any,
+            tmp: Path, seed: int, tail_steps: int = 0, say: Any) -> tuple[dict[str, Any], Any]:
+    """One alternating run; its A/B on wall and CPU time, the load around it, the batcher's CPU."""
+    say(f"{label} step: {world} ranks x {steps + tail_steps} steps, hidden {hidden}, batch {batch} "
+        f"(hooks alternating every {block} steps)")
+    load0 = os.getloadavg()
+    b0 = _thread_cpu(getattr(batcher, "_thread", None))
+    t0 = time.monotonic()
+    wl = run_workload({
+        "world": world, "grid": (world // 2, 2), "steps": steps + tail_steps, "hidden": hidden, "batch": batch,
+        "hooks": "alternate", "block": block, "tail_on_from": steps, "socket": sock, "job": f"bench-hooks-{label}",
+        "control_dir": str(tmp / f"control-{label}"),
+    }, timeout_s=max(300.0, 2.0 * steps))
+    wall = time.monotonic() - t0
+    b1 = _thread_cpu(getattr(batcher, "_thread", None))
+    load1 = os.getloadavg()
+    ranks = [[r for r in rows if r[0] < steps] for rows in wl["ranks"]]
+    ab = ab_overhead(ranks, block, seed=seed)
+    ab.update({
+        "hidden": hidden, "batch": batch, "steps": steps, "block": block, "workload_wall_s": round(wall, 1),
+        "loadavg_before": [round(x, 2) for x in load0], "loadavg_after": [round(x, 2) for x in load1],
+        # The node batcher (the agent's, in production: not on the ranks' threads) decodes and publishes
+        # what the hooks send; its thread's CPU over the run (it also wakes every 50 ms when idle).
+        "batcher_cpu_s": round(b1 - b0, 3), "batcher_cpu_pct_of_core": round(100.0 * (b1 - b0) / wall, 3),
+        "hook_threads": "the control channel's listener (one daemon thread per rank, started with the hooks); "
+                        "the sink has none (sends on the step's thread)",
+    })
+    return ab, wl
+
+
+def choose_overhead(isolated_pct: float, runs: dict[str, dict[str, Any]], max_half_width: float = 1.0) -> tuple[float, str]:
+    """``overhead_pct`` and where it comes from (see the module docstring).
+
+    The end-to-end CPU measure (``cpu_main.vs_wall``) of the first run in
+    ``runs`` (the default, shortest step: the largest relative cost) whose
+    bootstrap interval is narrower than ``max_half_width`` percentage points
+    either side, whatever it says; otherwise the isolated hot-path cost.
+    """
+    for label, ab in runs.items():
+        m = ab["cpu_main_vs_wall"]
+        lo, hi = m["ci"]
+        if (hi - lo) / 2.0 <= max_half_width:
+            return m["median"], f"end-to-end: {label} step, extra CPU of the main thread + hook threads / step wall time"
+    return isolated_pct, (f"isolated hot-path cost / median step: no end-to-end interval was within "
+                          f"+-{max_half_width} percentage point")
+
+
+def run(json_path: str | os.PathLike, *, steps: int = 1600, block: int = 20, world: int = 4, hidden: int = 256,
+        batch: int = 64, acf_steps: int = 400, agent_seconds: float = 20.0, real_steps: int = 300,
+        real_block: int = 6, real_hidden: int = 512, real_batch: int = 768, seed: int = 0,
+        bootstrap: str | None = None, progress: Any = None) -> dict[str, Any]:
+    """Run the whole benchmark; write JSON to ``json_path`` and return it.
+
+    ``steps``/``block``/``hidden``/``batch``: the default (short) step's
+    alternating run, followed by ``acf_steps`` hooks-on steps for the ACF
+    check; ``real_*``: the same A/B on a longer ("realistic") step
+    (``real_steps=0`` skips it); ``seed``: the bootstrap's.
+    """
     from producers.publisher import Publisher
     from producers.training import NodeBatcher
     from streams.kafka import ensure_topics
@@ -402,50 +639,56 @@ def run(json_path: str | os.PathLike, *, steps: int = 600, block: int = 50, worl
     ensure_topics(conf, prefix)
     result: dict[str, Any] = {}
     try:
-        with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp:
-            sock = str(Path(tmp) / "hooks.sock")
-            publisher = Publisher(conf, prefix, spool_dir=Path(tmp) / "spool")
+        with tempfile.TemporaryDirectory(prefix="vigil-bench-") as tmp_s:
+            tmp = Path(tmp_s)
+            sock = str(tmp / "hooks.sock")
+            publisher = Publisher(conf, prefix, spool_dir=tmp / "spool")
             tee = _Tee(publisher)
             batcher = NodeBatcher(sock, tee).start()
-            say(f"training {world} ranks x {steps + acf_steps} steps (hooks alternating every {block} steps)")
-            t0 = time.monotonic()
-            wl = run_workload({
-                "world": world, "grid": (world // 2, 2), "steps": steps + acf_steps, "hidden": hidden, "batch": batch,
-                "hooks": "alternate", "block": block, "tail_on_from": steps, "socket": sock, "job": "bench-hooks",
-            })
-            wall = time.monotonic() - t0
-            batcher.stop()
-            publisher.flush(10)
-            times = [t for t in wl["times"] if t[0] < steps]
-            overhead, ratios = overhead_from_times(times, block, skip=block)
-            off = [t for s, on, t in times if not on and s >= block]
-            on = [t for s, on, t in times if on]
+            t_all = time.monotonic()
+            short, wl = _ab_run("short", world=world, steps=steps, block=block, hidden=hidden, batch=batch, sock=sock,
+                                batcher=batcher, tmp=tmp, seed=seed, tail_steps=acf_steps, say=say)
             tail_start = steps + 10
             acf = acf_error([c for c in tee.collectives if c.start.timestamp() >= _step_start(tee.iterations, tail_start)],
                             [i for i in tee.iterations if i.step >= tail_start])
+            runs = {"short": short}
+            if real_steps > 0:
+                runs["realistic"], _ = _ab_run("realistic", world=world, steps=real_steps, block=real_block,
+                                               hidden=real_hidden, batch=real_batch, sock=sock, batcher=batcher,
+                                               tmp=tmp, seed=seed, say=say)
+            ab_wall = time.monotonic() - t_all
+            batcher.stop()
+            publisher.flush(10)
             say("hook cost per step in isolation")
             cost = hook_cost_per_step()
-            step_s = statistics.median([t for s_, o, t in times if not o and s_ >= block])
+            times = wl["times"]
+            off = [t for s_, o, t in times if not o and block <= s_ < steps]
+            on = [t for s_, o, t in times if o and s_ < steps]
+            step_s = statistics.median(off)
+            cost_pct = 100.0 * cost["us_per_step"] * 1e-6 / step_s
+            overhead, source = choose_overhead(round(cost_pct, 3), runs)
             say(f"agent at default intervals for {agent_seconds:.0f} s")
             agent = measure_agent_cpu(bootstrap, prefix, agent_seconds, Path(tmp))
-            cost_pct = 100.0 * cost["us_per_step"] * 1e-6 / step_s
             result = {
-                # The hot-path cost over the measured step time: a precise figure. The A/B figure
-                # (``detail.ab_overhead_pct``) is the end-to-end check, and its spread is the noise.
-                "overhead_pct": round(cost_pct, 3),
+                "overhead_pct": overhead,
                 "acf_rel_error": None if acf["rel_error"] is None else round(acf["rel_error"], 5),
                 "agent_cpu_pct": agent.get("cpu_pct"),
                 "detail": {
+                    "overhead_source": source,
                     "world": world, "grid": [world // 2, 2], "steps": steps, "block": block,
+                    "end_to_end": runs,
+                    "isolated": {"hook_cost_us_per_step": cost["us_per_step"], "overhead_pct": round(cost_pct, 3),
+                                 "step_ms_off_median": round(1000 * step_s, 3)},
+                    # The short step's wall-time A/B, under the keys of earlier versions.
                     "hook_cost_us_per_step": cost["us_per_step"],
-                    "ab_overhead_pct": round(overhead, 3),
-                    "ab_pair_spread_pct": round(statistics.pstdev(ratios), 3) if len(ratios) > 1 else None,
-                    "step_ms_off_median": round(1000 * statistics.median(off), 3),
+                    "ab_overhead_pct": short["wall"]["median"],
+                    "ab_pair_spread_pct": short["wall"]["spread"],
+                    "step_ms_off_median": round(1000 * step_s, 3),
                     "step_ms_on_median": round(1000 * statistics.median(on), 3),
-                    "pair_overheads_pct": [round(r, 3) for r in ratios],
-                    "acf": acf, "agent": agent, "workload_wall_s": round(wall, 1),
+                    "acf": acf, "agent": agent, "ab_wall_s": round(ab_wall, 1),
                     "hook_events_published": batcher.published_events,
                     "hook_messages_published": batcher.published_messages,
+                    "loadavg_end": [round(x, 2) for x in os.getloadavg()],
                     "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
                 },
             }
@@ -463,3 +706,34 @@ def _step_start(iterations: list[Any], step: int) -> float:
         if it.step == step:
             return it.start.timestamp()
     return 0.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m vigil.bench.hooks``: the benchmark with every size exposed."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m vigil.bench.hooks", description=__doc__.split("\n")[0])
+    ap.add_argument("--json", default="bench/results/hooks.json")
+    ap.add_argument("--steps", type=int, default=1600)
+    ap.add_argument("--block", type=int, default=20)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--acf-steps", type=int, default=400)
+    ap.add_argument("--real-steps", type=int, default=300, help="0 skips the realistic step")
+    ap.add_argument("--real-block", type=int, default=6)
+    ap.add_argument("--real-hidden", type=int, default=512)
+    ap.add_argument("--real-batch", type=int, default=768)
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--agent-seconds", type=float, default=20.0)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    result = run(a.json, steps=a.steps, block=a.block, world=a.world, hidden=a.hidden, batch=a.batch,
+                 acf_steps=a.acf_steps, agent_seconds=a.agent_seconds, real_steps=a.real_steps,
+                 real_block=a.real_block, real_hidden=a.real_hidden, real_batch=a.real_batch, seed=a.seed,
+                 bootstrap=os.environ.get("VIGIL_KAFKA_BOOTSTRAP") or None,
+                 progress=lambda what: print(what, file=sys.stderr, flush=True))
+    print(json.dumps({k: result[k] for k in ("overhead_pct", "acf_rel_error", "agent_cpu_pct")}))
+
+
+if __name__ == "__main__":
+    main()
