@@ -114,6 +114,7 @@ class DetectionEngine:
         self._last_heard = float("-inf")
         self._feed_back_at = float("-inf")
         self._pulse_timeout_s = float("inf")
+        self._awaiting_data = False
         self.jobs: dict[str, _JobState] = {}
         self.nodes: dict[str, _NodeState] = {}
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
@@ -137,23 +138,43 @@ class DetectionEngine:
 
         A worker whose partitions carry few subjects may hear no data while
         they are all silent; its broker contact says the silence is theirs.
+        After a gap, though, a reachable broker is not yet a flowing feed (the
+        consumer rejoins its group first): the feed counts as back with the
+        first data.
         """
-        self._heard(now)
+        if self._awaiting_data:
+            return
+        if now - self._last_heard > self._pulse_timeout_s and self._last_heard > float("-inf"):
+            self._awaiting_data = True
+            return
+        self._last_heard = max(self._last_heard, now)
+
+    def resumed(self, now: float) -> None:
+        """The worker consumes again (after a rebalance): its subjects' silences count from ``now``."""
+        self._feed_back_at = max(self._feed_back_at, now)
+        self._last_heard = max(self._last_heard, now)
+        self._awaiting_data = False
 
     def _heard(self, now: float) -> None:
-        if now - self._last_heard > self._pulse_timeout_s and self._last_heard > float("-inf"):
+        """Data arrived at ``now``."""
+        if self._awaiting_data or (now - self._last_heard > self._pulse_timeout_s and self._last_heard > float("-inf")):
             self._feed_back_at = now
+            self._awaiting_data = False
         self._last_heard = max(self._last_heard, now)
 
     def _silent(self, last_arrival: float, timeout_s: float, now: float, alone: bool) -> bool:
         """Has this subject been silent past its timeout, as far as the worker can tell?
 
-        Not while the worker hears nobody at all (unless it tracks this subject
-        alone: then it cannot tell), and not counting the time before its feed came back.
+        Only once the worker has heard something (data, or its broker) after
+        the subject's timeout ran out: a worker that cannot hear (its broker is
+        down) does not yet know it, so its own recent silence is no evidence.
+        Unless it tracks this subject alone (then it cannot tell), and not
+        counting the time before its feed came back.
         """
-        if now - max(last_arrival, self._feed_back_at) <= timeout_s:
+        since = max(last_arrival, self._feed_back_at)
+        if now - since <= timeout_s:
             return False
-        return alone or now - self._last_heard <= timeout_s
+        return alone or self._last_heard - since > timeout_s
 
     def on_events(self, events: Iterable[Envelope], now: float) -> list[DetectorFinding]:
         """Feed one message's events; return the findings they raise or clear.

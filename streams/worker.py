@@ -157,6 +157,13 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                     await publish_alerts(correlator.on_finding(f, now))
 
     owned: set[tuple[str, int]] = set()
+    # False from a revocation until the new assignment is recovered: the worker is not
+    # consuming, so the silence of its subjects in that time is its own.
+    consuming = {"yes": False}
+
+    @app.on_partitions_revoked.connect
+    async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
+        consuming["yes"] = False
 
     @app.on_partitions_assigned.connect
     async def on_assigned(app: Any, assigned: Any, **kwargs: Any) -> None:
@@ -178,6 +185,8 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
                 await _recover(sorted(new), findings_tp in new)
             finally:
                 recovered.set()
+        engine.resumed(time.time())  # silences count from here, not from before the rebalance
+        consuming["yes"] = True
 
     async def _recover(partitions: list[tuple[str, int]], correlation: bool) -> None:
         """Rebuild detector and incident state from what the previous owner had processed."""
@@ -235,8 +244,8 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
         if not recovered.is_set():
             return
         now = time.time()
-        if pulse.last_ok is not None and app.consumer.assignment():
-            # reachable and consuming: a rebalance after an outage hears nothing for seconds
+        if pulse.last_ok is not None and consuming["yes"]:
+            # reachable and consuming (a rebalance hears nothing for seconds)
             engine.heard(pulse.last_ok)
         await publish_findings(engine.tick(now))
         if owns_correlation["yes"]:
