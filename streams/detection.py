@@ -64,6 +64,9 @@ class EngineParams:
     hang_min_timeout_s: float = 0.0
     #: How often the windows of the sample-driven node detectors (XID, NIC, GPU) are aged.
     window_tick_s: float = 1.0
+    #: Hearing nothing at all (no data, no broker answer) for this long means the worker, not the
+    #: cluster, went deaf: silences then count from when it hears again.
+    deaf_after_s: float = 2.0
     heartbeat_missed_intervals: float = 2.5
     #: Events older than this (against the worker's clock) do not start tracking a
     #: subject: a new consumer group reading an old log must not report every node
@@ -113,8 +116,6 @@ class DetectionEngine:
         # link was down: that silence was the worker's, not the cluster's).
         self._last_heard = float("-inf")
         self._feed_back_at = float("-inf")
-        self._pulse_timeout_s = float("inf")
-        self._awaiting_data = False
         self.jobs: dict[str, _JobState] = {}
         self.nodes: dict[str, _NodeState] = {}
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
@@ -138,28 +139,23 @@ class DetectionEngine:
 
         A worker whose partitions carry few subjects may hear no data while
         they are all silent; its broker contact says the silence is theirs.
-        After a gap, though, a reachable broker is not yet a flowing feed (the
-        consumer rejoins its group first): the feed counts as back with the
-        first data.
+        The caller counts it only while it consumes (not during a rebalance).
         """
-        if self._awaiting_data:
-            return
-        if now - self._last_heard > self._pulse_timeout_s and self._last_heard > float("-inf"):
-            self._awaiting_data = True
-            return
-        self._last_heard = max(self._last_heard, now)
+        self._heard(now)
 
     def resumed(self, now: float) -> None:
         """The worker consumes again (after a rebalance): its subjects' silences count from ``now``."""
         self._feed_back_at = max(self._feed_back_at, now)
         self._last_heard = max(self._last_heard, now)
-        self._awaiting_data = False
 
     def _heard(self, now: float) -> None:
-        """Data arrived at ``now``."""
-        if self._awaiting_data or (now - self._last_heard > self._pulse_timeout_s and self._last_heard > float("-inf")):
+        """Data, or the broker's answer, reached the worker at ``now``.
+
+        After hearing nothing for ``deaf_after_s`` the worker was deaf: the
+        silences of its subjects count from now.
+        """
+        if now - self._last_heard > self.params.deaf_after_s and self._last_heard > float("-inf"):
             self._feed_back_at = now
-            self._awaiting_data = False
         self._last_heard = max(self._last_heard, now)
 
     def _silent(self, last_arrival: float, timeout_s: float, now: float, alone: bool) -> bool:
@@ -267,7 +263,6 @@ class DetectionEngine:
                                             interval_s=hb.interval_s)
         state.last_arrival = now
         state.heartbeat.update(t=t, interval_s=hb.interval_s, seq=hb.seq)
-        self._pulse_timeout_s = min(self._pulse_timeout_s, state.heartbeat.timeout_s)
         return self._diff_node(node, state.heartbeat, now)
 
     def _on_xid(self, ev: XidError, now: float) -> list[DetectorFinding]:
