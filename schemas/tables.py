@@ -13,12 +13,15 @@ sink itself checks ids before inserting, so the stored rows are exact.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import types
 import typing
 import uuid
+from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
@@ -77,11 +80,22 @@ TABLE_SPECS: dict[str, TableSpec] = {
 }
 
 
+def _same(v: Any) -> Any:
+    return v
+
+
 @dataclass(frozen=True)
 class Column:
     name: str
     ch_type: str
+    #: The column's value for one event.
     getter: Callable[[Envelope], Any]
+    #: Field names from the event to the value (through nested models).
+    path: tuple[str, ...] = ()
+    #: Whether a nested model on the way may be None (the value is then None).
+    optional_parent: bool = False
+    #: The value's conversion for ClickHouse (``_same``: none); not applied to None.
+    convert: Callable[[Any], Any] = _same
 
 
 def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
@@ -93,46 +107,52 @@ def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def _to_json(v: Any) -> str:
+    # Empty containers are most of them (no NVLink errors, no evidence): skip the encoder.
+    if not v and type(v) in (dict, list):
+        return "{}" if type(v) is dict else "[]"
+    return json.dumps(v, default=str, separators=(",", ":"))
+
+
 def _base_type(annotation: Any) -> tuple[str, Callable[[Any], Any]]:
     """ClickHouse type and value converter for a (non-optional) annotation."""
     origin = typing.get_origin(annotation)
     if annotation is bool:
-        return "Bool", lambda v: v
+        return "Bool", _same
     if annotation is int:
-        return "Int64", lambda v: v
+        return "Int64", _same
     if annotation is float:
-        return "Float64", lambda v: v
+        return "Float64", _same
     if annotation is str:
-        return "String", lambda v: v
+        return "String", _same
     if annotation is uuid.UUID:
-        return "UUID", lambda v: v
+        return "UUID", _same
     if isinstance(annotation, type) and issubclass(annotation, datetime) or "Datetime" in str(annotation):
-        return "DateTime64(6, 'UTC')", lambda v: v
+        return "DateTime64(6, 'UTC')", _same
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         return "LowCardinality(String)", lambda v: v.value if isinstance(v, enum.Enum) else v
     if origin is Literal:
-        return "LowCardinality(String)", lambda v: v
+        return "LowCardinality(String)", _same
     if origin is list and typing.get_args(annotation) and typing.get_args(annotation)[0] in (int, float, str, uuid.UUID):
         # Columns of plain values are ClickHouse arrays (ARRAY JOIN gives rows back).
         inner = {int: "Int64", float: "Float64", str: "String", uuid.UUID: "UUID"}[typing.get_args(annotation)[0]]
-        return f"Array({inner})", lambda v: list(v)
+        return f"Array({inner})", list
     if origin in (dict, list) or annotation is typing.Any:
-        def to_json(v: Any) -> str:
-            return json.dumps(v, default=str, separators=(",", ":"))
-
-        return "String", to_json
+        return "String", _to_json
     raise TypeError(f"no ClickHouse type for annotation {annotation!r}")
 
 
-def _columns_of(model: type[BaseModel], prefix: str, path: tuple[str, ...]) -> list[Column]:
+def _columns_of(model: type[BaseModel], prefix: str, path: tuple[str, ...],
+                optional_path: tuple[bool, ...] = ()) -> list[Column]:
     cols: list[Column] = []
     for fname, finfo in model.model_fields.items():
         annotation, optional = _unwrap_optional(finfo.annotation)
         fpath = path + (fname,)
+        fopt = optional_path + (optional,)
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             # ``source`` is flattened without prefix: its fields are the envelope's columns.
             sub_prefix = "" if fname == "source" else f"{prefix}{fname}_"
-            cols.extend(_columns_of(annotation, sub_prefix, fpath))
+            cols.extend(_columns_of(annotation, sub_prefix, fpath, fopt))
             continue
         ch_type, convert = _base_type(annotation)
         if optional:
@@ -151,7 +171,7 @@ def _columns_of(model: type[BaseModel], prefix: str, path: tuple[str, ...]) -> l
                     return None
             return _convert(value)
 
-        cols.append(Column(prefix + fname, ch_type, getter))
+        cols.append(Column(prefix + fname, ch_type, getter, fpath, any(optional_path), convert))
     return cols
 
 
@@ -192,6 +212,63 @@ def rows(event_type: str, events: list[Envelope]) -> tuple[list[str], list[list[
     """Column names and row values for inserting ``events`` (all of one type)."""
     cols = columns(event_type)
     return [c.name for c in cols], [[c.getter(e) for c in cols] for e in events]
+
+
+def column_values(event_type: str, events: list[Envelope]) -> tuple[list[str], list[list[Any]]]:
+    """Column names and column values (one list per column) for a column-oriented insert of ``events``.
+
+    The values of :func:`rows`, several times faster: the fields of each model
+    (the event, then each nested model) are read from its ``__dict__`` all at
+    once and transposed into columns by C code; only columns that need it are
+    converted, value by value. Times (aware datetimes, as the models hold them)
+    are given as integer microseconds since the epoch.
+    """
+    cols = columns(event_type)
+    out: list[list[Any]] = [[] for _ in cols]
+    if not events:
+        return [c.name for c in cols], out
+    for (parent, optional_parent), members in _column_groups(event_type).items():
+        if not parent:
+            dicts = list(map(_DICT, events))
+        elif not optional_parent:
+            dicts = list(map(attrgetter(".".join(parent) + ".__dict__"), events))
+        else:
+            models: list[Any] = events
+            for part in parent:
+                get = attrgetter(part)
+                models = [None if m is None else get(m) for m in models]
+            dicts = [_ALL_NONE if m is None else m.__dict__ for m in models]
+        leaves = [cols[i].path[-1] for i in members]
+        if len(leaves) == 1:
+            values_by_column: Any = [list(map(itemgetter(leaves[0]), dicts))]
+        else:
+            values_by_column = map(list, zip(*map(itemgetter(*leaves), dicts)))
+        for i, values in zip(members, values_by_column):
+            convert = cols[i].convert
+            if cols[i].ch_type.startswith(_TICKS_TYPES):
+                # Integer ticks: clickhouse-connect converts a datetime in Python several times slower.
+                out[i] = [None if v is None else (v - _EPOCH) // _MICROSECOND for v in values]
+            else:
+                out[i] = values if convert is _same else [None if v is None else convert(v) for v in values]
+    return [c.name for c in cols], out
+
+
+_TICKS_TYPES = ("DateTime64(6, 'UTC')", "Nullable(DateTime64(6, 'UTC'))")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+_DICT = attrgetter("__dict__")
+_ALL_NONE: dict[str, None] = defaultdict(type(None))  # the fields of a nested model that is None
+
+
+@functools.lru_cache(maxsize=None)
+def _column_groups(event_type: str) -> dict[tuple[tuple[str, ...], bool], list[int]]:
+    """Column indexes by the model that holds them: (path to it, may it be None)."""
+    groups: dict[tuple[tuple[str, ...], bool], list[int]] = {}
+    for i, col in enumerate(columns(event_type)):
+        groups.setdefault((col.path[:-1], col.optional_parent), []).append(i)
+    return groups
 
 
 def table_name(event_type: str, database: str = "vigil") -> str:
