@@ -1,6 +1,6 @@
 """Analytics over the history: rollup tables fed by materialized views, and views.
 
-Three rollups are filled by materialized views as the sink inserts, so they
+Four rollups are filled by materialized views as the sink inserts, so they
 outlive the raw telemetry's TTL and answer in milliseconds:
 
 ``incident_rollup``
@@ -13,10 +13,18 @@ outlive the raw telemetry's TTL and answer in milliseconds:
 ``node_days``
     first and last heartbeat of each node per day: the exposure (node-days in
     service) that failure rates are divided by.
+``job_step_blocks``
+    per job and block of 1024 steps (fed from ``job_steps``): rows, distinct
+    steps, summed duration, first/last start and end. ETTR adds up the blocks
+    that lie inside its window with one execution per step, and reads single
+    steps only for the rest (a few blocks per job: the window's edges and the
+    steps re-run after a restart) instead of grouping every step.
 
-Every aggregate in them is idempotent (min, max, argMin, argMax; the step
-table is keyed by execution), so a row inserted twice (a backfill that
-overlaps the view, a replay) never counts twice.
+Every aggregate in the first three is idempotent (min, max, argMin, argMax; the
+step table is keyed by execution), so a row inserted twice (a backfill that
+overlaps the view, a replay) never counts twice. ``job_step_blocks`` sums, but
+a block where a row came twice has more rows than distinct steps, and is then
+read step by step like a block with re-run steps: still exact, only slower.
 
 The views on top are plain SQL, most of them parameterized by a window
 ``(since, until)``: ``SELECT * FROM vigil.ettr(since='2026-01-01', until=now64())``.
@@ -85,6 +93,8 @@ XID_USER_CODE = (13, 31, 43, 45, 68, 69)
 XID_SYSTEM_SOFTWARE = (32, 38, 61, 109, 119, 120, 154)
 
 GPUS_PER_NODE = 8
+#: Steps per row of ``job_step_blocks`` (all executions of a step fall in the same block).
+STEP_BLOCK = 1024
 #: Job sizes the MTTF projection is printed for.
 PROJECTION_GPUS = (1000, 2000, 4000, 8000, 16000, 32000, 64000, 100000)
 #: Lemon threshold: Bonferroni-corrected Poisson tail probability.
@@ -140,6 +150,9 @@ class Rollup:
     ddl: str
     #: (view name, source table, SELECT that feeds the table from the source)
     feeds: tuple[tuple[str, str, str], ...]
+    #: False for a table with sums (a row inserted twice counts twice): its backfill starts
+    #: from an empty table and reads the source ``FINAL`` (without unmerged duplicates).
+    idempotent: bool = True
 
 
 ROLLUPS: tuple[Rollup, ...] = (
@@ -193,7 +206,8 @@ FROM (SELECT *, toString(kind) AS alert_kind FROM {{db}}.alerts) GROUP BY incide
     end {_T},
     duration_s Float64,
     ranks UInt32
-) ENGINE = ReplacingMergeTree PARTITION BY toYYYYMM(start) ORDER BY (job, step, start)""",
+) ENGINE = ReplacingMergeTree PARTITION BY toYYYYMM(start) ORDER BY (job, step, start)
+SETTINGS index_granularity = 1024""",
         (("job_steps_from_steps", "iteration_steps",
           "SELECT assumeNotNull(job) AS job, cluster, step, start, end, duration_s, toUInt32(length(ranks)) AS ranks "
           "FROM {db}.iteration_steps WHERE job IS NOT NULL"),
@@ -213,6 +227,28 @@ FROM (SELECT *, toString(kind) AS alert_kind FROM {{db}}.alerts) GROUP BY incide
           "SELECT assumeNotNull(node) AS node, toDate(event_time) AS day, min(event_time) AS first_seen, "
           "max(event_time) AS last_seen FROM {db}.heartbeats WHERE node IS NOT NULL GROUP BY node, day"),),
     ),
+    Rollup(
+        "job_step_blocks",
+        f"""(
+    job String,
+    block Int64,
+    cluster SimpleAggregateFunction(max, LowCardinality(String)),
+    rows SimpleAggregateFunction(sum, UInt64),
+    steps AggregateFunction(groupBitmap, UInt64),
+    duration_us SimpleAggregateFunction(sum, Int64),
+    min_start SimpleAggregateFunction(min, {_T}),
+    max_start SimpleAggregateFunction(max, {_T}),
+    min_end SimpleAggregateFunction(min, {_T}),
+    max_end SimpleAggregateFunction(max, {_T})
+) ENGINE = AggregatingMergeTree ORDER BY (job, block)""",
+        (("job_step_blocks_mv", "job_steps",
+          f"SELECT job, intDiv(step, {STEP_BLOCK}) AS block, max(cluster) AS cluster, count() AS rows, "
+          "groupBitmapState(toUInt64(step)) AS steps, "
+          "sum(greatest(toInt64(0), toUnixTimestamp64Micro(end) - toUnixTimestamp64Micro(start))) AS duration_us, "
+          "min(start) AS min_start, max(start) AS max_start, min(end) AS min_end, max(end) AS max_end "
+          "FROM {db}.job_steps GROUP BY job, block"),),
+        idempotent=False,
+    ),
 )
 
 _INCIDENTS = f"""
@@ -222,13 +258,15 @@ SELECT incident_id, cluster, kind, first_kind, severity, detector, onset_time, d
     {_class_sql()} AS failure_class,
     (toUnixTimestamp64Micro(detection_time) - toUnixTimestamp64Micro(onset_time)) / 1e6 AS detection_latency_s
 FROM (
-    SELECT incident_id, max(cluster) AS cluster, argMaxMerge(kind) AS kind, argMinMerge(first_kind) AS first_kind,
-        min(severity) AS severity, argMinMerge(detector) AS detector, min(onset_time) AS onset_time,
-        min(detection_time) AS detection_time, min(opened_time) AS opened_time, min(resolved_time) AS resolved_time,
-        nullIf(argMaxMerge(job), '') AS job, nullIf(argMaxMerge(node), '') AS node,
-        nullIf(argMaxMerge(gpu), -1) AS gpu, nullIf(argMaxMerge(rank), -1) AS rank, nullIf(argMaxMerge(link), '') AS link,
-        max(xid_code) AS xid_code, max(rel_change) AS rel_change, nullIf(max(slowdown_class), '') AS slowdown_class
-    FROM {{db}}.incident_rollup GROUP BY incident_id
+    -- FINAL merges each incident's rows as the table's merges do (min, max, argMax...), in key
+    -- order and only where parts overlap: far cheaper than GROUP BY incident_id.
+    SELECT incident_id, cluster, finalizeAggregation(kind) AS kind, finalizeAggregation(first_kind) AS first_kind,
+        severity, finalizeAggregation(detector) AS detector, onset_time, detection_time, opened_time, resolved_time,
+        nullIf(finalizeAggregation(job), '') AS job, nullIf(finalizeAggregation(node), '') AS node,
+        nullIf(finalizeAggregation(gpu), -1) AS gpu, nullIf(finalizeAggregation(rank), -1) AS rank,
+        nullIf(finalizeAggregation(link), '') AS link,
+        xid_code, rel_change, nullIf(slowdown_class, '') AS slowdown_class
+    FROM {{db}}.incident_rollup FINAL
 )"""
 
 _TAXONOMY = f"""
@@ -255,23 +293,49 @@ FROM (
             max(gpus) AS gpus, argMaxIf(nodes, event_time, length(nodes) > 0) AS nodes
         FROM {{db}}.job_states WHERE job IS NOT NULL GROUP BY job
         UNION ALL
-        SELECT job, max(cluster), CAST(NULL AS Nullable({_T})), toNullable(min(start)), toNullable(max(end)),
+        SELECT job, max(cluster), CAST(NULL AS Nullable({_T})), toNullable(min(min_start)), toNullable(max(max_end)),
             CAST(NULL AS Nullable({_T})), '', toInt64(0), CAST([] AS Array(String))
-        FROM {{db}}.job_steps GROUP BY job
+        FROM {{db}}.job_step_blocks GROUP BY job
     ) GROUP BY job
 )"""
 
+# Blocks of steps (job_step_blocks merged) with where they lie in the window: ``clean`` (one row,
+# so one execution, per step: no step re-executed or stored twice), ``inside`` (every execution
+# starts and ends in the window, so each counts whole), ``outside`` (none can count).
+_BLOCKS = """
+    SELECT job, block, max_end, rows, duration_us, rows = distinct_steps AS clean,
+        clean AND min_start >= w0 AND min_end > w0 AND max_start < w1 AND max_end <= w1 AS inside,
+        max_end <= w0 OR min_start >= w1 AS outside
+    FROM (
+        SELECT job, block, sum(rows) AS rows, groupBitmapMerge(steps) AS distinct_steps, sum(duration_us) AS duration_us,
+            min(min_start) AS min_start, max(max_start) AS max_start, min(min_end) AS min_end, max(max_end) AS max_end
+        FROM {db}.job_step_blocks GROUP BY job, block
+    )"""
+
+# Productive time per job: the sums of blocks inside the window, plus, from the steps of the other
+# blocks that reach into it, each step's last execution (the same as grouping every step; a block
+# holds all executions of its steps).
 _ETTR = f"""
 WITH {_W}
 SELECT r.job AS job, r.gpus AS gpus, {_overlap('r.start', 'r.end')} AS available_s,
     p.productive_s AS productive_s, if(available_s > 0, productive_s / available_s, NULL) AS ettr,
     p.steps AS steps, p.recomputed_steps AS recomputed_steps, r.state AS state
 FROM (
-    SELECT job, sum({_overlap('s', 'e')}) AS productive_s, countIf(e > w0 AND s < w1) AS steps,
-        sumIf(executions - 1, e > w0 AND s < w1) AS recomputed_steps
+    SELECT job, sum(productive_s) AS productive_s, sum(steps) AS steps, sum(recomputed_steps) AS recomputed_steps
     FROM (
-        SELECT job, step, max(start) AS s, argMax(end, start) AS e, uniqExact(start) AS executions
-        FROM {{db}}.job_steps WHERE end > w0 GROUP BY job, step
+        SELECT job, sumIf(duration_us, inside) / 1e6 AS productive_s, sumIf(rows, inside) AS steps,
+            toInt64(0) AS recomputed_steps
+        FROM ({_BLOCKS}) GROUP BY job HAVING max(max_end) > w0
+        UNION ALL
+        SELECT job, sum({_overlap('s', 'e')}) AS productive_s, countIf(e > w0 AND s < w1) AS steps,
+            sumIf(executions - 1, e > w0 AND s < w1) AS recomputed_steps
+        FROM (
+            SELECT job, step, max(start) AS s, argMax(end, start) AS e, uniqExact(start) AS executions
+            FROM {{db}}.job_steps
+            WHERE end > w0 AND (job, intDiv(step, {STEP_BLOCK})) IN (
+                SELECT job, block FROM ({_BLOCKS}) WHERE NOT inside AND NOT outside)
+            GROUP BY job, step
+        ) GROUP BY job
     ) GROUP BY job
 ) AS p
 INNER JOIN {{db}}.job_runs AS r ON r.job = p.job
@@ -430,8 +494,10 @@ def migrate_analytics(command: Callable[[str], Any], query: Callable[[str], list
     """
     done: list[str] = []
     existing = dict(query(f"SELECT name, comment FROM system.tables WHERE database = '{db}'"))
+    refilled: set[str] = set()  # rollups backfilled in this run
     for rollup in ROLLUPS:
         command(f"CREATE TABLE IF NOT EXISTS {db}.{rollup.table} {rollup.ddl}")
+        created = False
         for view, source, select in rollup.feeds:
             sql = select.replace("{db}", db)
             # The comment records the definition, so a changed feed is replaced. (A feed
@@ -443,9 +509,23 @@ def migrate_analytics(command: Callable[[str], Any], query: Callable[[str], list
             if view not in existing:
                 command(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {db}.{view} TO {db}.{rollup.table} AS {sql} "
                         f"COMMENT '{tag}'")
-                # Rows stored before the view existed; idempotent aggregates make an overlap harmless.
-                command(f"INSERT INTO {db}.{rollup.table} {sql}")
-                done.append(f"created {view} and backfilled {rollup.table} from {source}")
+                created = True
+                if rollup.idempotent:
+                    # Rows stored before the view existed; idempotent aggregates make an overlap harmless.
+                    command(f"INSERT INTO {db}.{rollup.table} {sql}")
+                    refilled.add(rollup.table)
+                    done.append(f"created {view} and backfilled {rollup.table} from {source}")
+                else:
+                    done.append(f"created {view}")
+        if not rollup.idempotent and (created or any(source in refilled for _, source, _ in rollup.feeds)):
+            # Sums: start from empty (a rollup it is fed from may just have been backfilled through
+            # its views) and read the sources without their unmerged duplicates.
+            command(f"TRUNCATE TABLE {db}.{rollup.table}")
+            for _, source, select in rollup.feeds:
+                src = f"FROM {db}.{source}"
+                command(f"INSERT INTO {db}.{rollup.table} {select.replace('{db}', db).replace(src, src + ' FINAL')}")
+            refilled.add(rollup.table)
+            done.append(f"backfilled {rollup.table} from {', '.join(sorted({s for _, s, _ in rollup.feeds}))}")
     for name, sql in VIEWS.items():
         body = sql.replace("{db}", db)
         command(f"CREATE OR REPLACE VIEW {db}.{name} AS {body}")
