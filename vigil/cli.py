@@ -49,6 +49,13 @@ def _settings() -> Settings:
         raise typer.Exit(2) from None
 
 
+def _print_table(columns: tuple[str, ...], rows: "list[tuple[str, ...]]") -> None:
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+
+
 def _fail(message: str, code: int = 1) -> None:
     err_console.print(f"[red]error:[/red] {message}")
     raise typer.Exit(code)
@@ -346,10 +353,7 @@ def bench_planners(
     with console.status("benchmarking the planners...") as status:
         result = run(str(json_path), repeats=repeats, seed=seed, quality_seeds=quality_seeds,
                      progress=lambda what: status.update(f"timing {what}..."))
-    table = Table("measure", "value", "target")
-    for row in format_table(result):
-        table.add_row(*row)
-    console.print(table)
+    _print_table(("measure", "value", "target"), format_table(result))
     console.print(f"written to {json_path}")
 
 
@@ -374,10 +378,7 @@ def bench_history(
     with console.status("starting...") as status:
         result = run(str(json_path), telemetry_rows=telemetry_rows, incidents=incidents, sink_events=sink_events,
                      repeats=repeats, progress=lambda what: status.update(what + "..."))
-    table = Table("measure", "value", "target")
-    for row in format_table(result):
-        table.add_row(*row)
-    console.print(table)
+    _print_table(("measure", "value", "target"), format_table(result))
     console.print(f"written to {json_path}")
 
 
@@ -421,10 +422,8 @@ def bench_policies(
             status.update(what)
             err_console.log(what)
         result = run(str(json_path), trace=trace, gpus=gpus, seed=seed, scale=scale, progress=progress)
-    table = Table("policy", "accumulated WAF (weighted EFLOP)", "vs restart-only", "ETTR mean", "fail-slow slowdown")
-    for row in format_table(result):
-        table.add_row(*row)
-    console.print(table)
+    _print_table(("policy", "accumulated WAF (weighted EFLOP)", "vs restart-only", "ETTR mean", "fail-slow slowdown"),
+                 format_table(result))
     for name, t in result["targets"].items():
         console.print(f"{name}: measured {t['measured']} (target {t['target']}): {'met' if t['met'] else 'NOT met'}")
     console.print(f"written to {json_path} (+ .md, .png)")
