@@ -353,6 +353,9 @@ class DecisionEngine:
         if alert.subject.job:
             return [alert.subject.job]
         jobs = {(e.get("subject") or {}).get("job") for e in alert.evidence}
+        for e in alert.evidence:  # a node finding names the jobs running there
+            if isinstance(e.get("jobs"), list):
+                jobs.update(j for j in e["jobs"] if isinstance(j, str))
         node = alert.subject.node
         if node:
             jobs |= {j for j, info in self.jobs.items() if node in info.nodes}

@@ -538,7 +538,13 @@ class DetectionEngine:
             index = int(gpu) if isinstance(gpu, int) or (isinstance(gpu, str) and gpu.isdigit()) else None
             return Subject(node=node, gpu=index, link=f"{node}/{port}" if port is not None else None)
 
-        return self._diff(f"node:{node}", det, subject, state.cluster, [], now, None)
+        def jobs_here(f: Finding, evidence: dict) -> None:
+            # What a node's failure takes down: the decision engine acts on these jobs.
+            jobs = sorted(j for j, s in self.jobs.items() if node in s.nodes)
+            if jobs:
+                evidence["jobs"] = jobs
+
+        return self._diff(f"node:{node}", det, subject, state.cluster, [], now, jobs_here)
 
     def _diff_job(self, job: str, state: _JobState, det: Detector, now: float,
                   enrich: Callable[[Finding, dict], None] | None = None) -> list[DetectorFinding]:

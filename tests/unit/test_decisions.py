@@ -227,3 +227,21 @@ def test_reconfiguration_excludes_the_nodes_known_down_and_forgets_nodes_a_job_l
     eng.on_state(JobState(event_time=t, source=Source(job="gpt"), state="running", nodes=["n1", "n2", "n4"]), 4)
     (iso,) = decisions(eng.on_alert(alert("node_lost", 1, job=None, node="n3"), 5))
     assert iso.action == "isolate_node" and iso.target.node == "n3" and iso.target.job is None
+
+
+def test_a_node_failure_reconfigures_the_jobs_the_detectors_saw_running_there():
+    from schemas import IterationTiming
+    from streams.pipeline import InProcessPipeline
+    from schemas import XidError
+
+    pipe = InProcessPipeline()
+    t0 = 1_700_000_000.0
+    for step in range(3):
+        pipe.feed([IterationTiming(event_time=from_seconds(t0 + step), source=Source(job="gpt", node="n12", rank=0),
+                                   step=step, start=from_seconds(t0 + step - 1), end=from_seconds(t0 + step),
+                                   duration_s=1.0)], t0 + step)
+    alerts = pipe.feed([XidError(event_time=from_seconds(t0 + 4), source=Source(node="n12", gpu=1), code=79,
+                                 message="NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus")], t0 + 4)
+    (xid,) = [a for a in alerts if a.kind == "xid"]
+    (d,) = decisions(DecisionEngine(settle_s=0).on_alert(xid, t0 + 4))
+    assert (d.action, d.target.job, d.plan) == ("reconfigure", "gpt", {"exclude_nodes": ["n12"]})
