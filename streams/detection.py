@@ -112,8 +112,8 @@ class DetectionEngine:
         self.params = params
         self._windows_ticked_at: float | None = None
         # The feed's own pulse: when the worker last heard anything, and when it heard again
-        # after hearing nothing for longer than a node's heartbeat timeout (its broker or its
-        # link was down: that silence was the worker's, not the cluster's).
+        # after hearing nothing for deaf_after_s (its broker or its link was down, or it was
+        # rebalancing: that silence was the worker's, not the cluster's).
         self._last_heard = float("-inf")
         self._feed_back_at = float("-inf")
         self.jobs: dict[str, _JobState] = {}
@@ -135,27 +135,22 @@ class DetectionEngine:
         return to_seconds(event.event_time) > now + self.params.max_future_s
 
     def heard(self, now: float) -> None:
-        """The worker knows its feed is alive at ``now`` (it reached the broker), data or not.
+        """Data, or the broker's answer, reached the worker at ``now``.
 
-        A worker whose partitions carry few subjects may hear no data while
-        they are all silent; its broker contact says the silence is theirs.
-        The caller counts it only while it consumes (not during a rebalance).
+        The worker calls it for its broker contact too: one whose partitions
+        carry few subjects may hear no data while they are all silent, and
+        its broker contact says the silence is theirs (counted only while it
+        consumes, not during a rebalance). After hearing nothing for
+        ``deaf_after_s`` the worker was deaf: its subjects' silences count
+        from now.
         """
-        self._heard(now)
+        if now - self._last_heard > self.params.deaf_after_s and self._last_heard > float("-inf"):
+            self._feed_back_at = now
+        self._last_heard = max(self._last_heard, now)
 
     def resumed(self, now: float) -> None:
         """The worker consumes again (after a rebalance): its subjects' silences count from ``now``."""
         self._feed_back_at = max(self._feed_back_at, now)
-        self._last_heard = max(self._last_heard, now)
-
-    def _heard(self, now: float) -> None:
-        """Data, or the broker's answer, reached the worker at ``now``.
-
-        After hearing nothing for ``deaf_after_s`` the worker was deaf: the
-        silences of its subjects count from now.
-        """
-        if now - self._last_heard > self.params.deaf_after_s and self._last_heard > float("-inf"):
-            self._feed_back_at = now
         self._last_heard = max(self._last_heard, now)
 
     def _silent(self, last_arrival: float, timeout_s: float, now: float, alone: bool) -> bool:
@@ -179,7 +174,7 @@ class DetectionEngine:
         """
         events = events if isinstance(events, list) else list(events)
         if events:
-            self._heard(now)
+            self.heard(now)
         out: list[DetectorFinding] = []
         gpu_samples: dict[str, list[GpuTelemetry]] = {}
         for event in events:
