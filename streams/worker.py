@@ -280,7 +280,6 @@ class _BrokerPulse:
         self.config = config
         self.interval_s = interval_s
         self.last_ok: float | None = None
-        self._stop = threading.Event()
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="vigil-broker-pulse", daemon=True).start()
@@ -290,17 +289,14 @@ class _BrokerPulse:
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient(self.config.kafka_conf(**{"log_level": 0}))
-        while not self._stop.is_set():
+        while True:  # a daemon thread: it ends with the worker
             asked = time.time()
             try:
                 admin.list_topics(topic=self.config.topic("heartbeat"), timeout=max(self.interval_s, 1.0))
                 self.last_ok = asked
             except KafkaException:
                 pass
-            self._stop.wait(self.interval_s)
-
-    def stop(self) -> None:
-        self._stop.set()
+            time.sleep(self.interval_s)  # a period, not a condition to await
 
 
 class _Feedback:
@@ -330,10 +326,6 @@ class _Feedback:
             live = stamp <= 0 or stamp / 1000.0 >= self.started_at - 1.0
             out.extend((ev, live) for ev in decode(msg.value()).events)
         return out
-
-    def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
 
 
 def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING") -> None:
