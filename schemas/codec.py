@@ -130,6 +130,10 @@ def decode(raw: bytes | None) -> Decoded:
         out.errors.append(DecodeError("not_json", "JSON nested too deeply to parse", raw))
         return out
     single = not isinstance(parsed, list)
+    if not single and not parsed:
+        # Nothing to lose, but a producer that sends empty batches is broken: say so.
+        out.errors.append(DecodeError("empty", "batch holds no events (an empty JSON array)", raw))
+        return out
     items = [parsed] if single else parsed
     for index, item in enumerate(items):
         try:

@@ -49,6 +49,8 @@ def test_unknown_version_is_rejected_not_guessed():
     (b"{\"event_type\": \"heartbeet\"}", "unknown_event_type"),
     (b"42", "not_an_object"),
     (None, "empty"),
+    (b"[]", "empty"),
+    (b" [ ] ", "empty"),
 ])
 def test_bad_messages_name_their_reason(raw, reason):
     d = decode(raw)
