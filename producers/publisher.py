@@ -61,7 +61,8 @@ from typing import Any, Callable, Sequence
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from producers.spool import DropReport, Position, Spool, SpoolRecord
-from schemas import Envelope, Source, encode, encode_batch, message_key, topic_name
+from schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, Envelope, Source, encode, encode_batch, group_type, message_key, \
+    topic_name
 from schemas.envelope import utcnow
 from schemas.events import EventsDropped
 
@@ -251,20 +252,26 @@ class Publisher:
 
     # -- publishing ---------------------------------------------------------------------
 
-    def publish(self, events: Sequence[Envelope]) -> None:
-        """Publish one group: a single event, or a batch of one type and key."""
+    def publish(self, events: Sequence[Envelope], topic_type: str | None = None) -> None:
+        """Publish one group: a single event, a batch of one type and key, or one node's samples.
+
+        ``topic_type`` names the topic by its event type; by default the
+        group's own (:func:`schemas.group_type`). A node agent sends its
+        heartbeat to the node-samples topic even when no sample rides with it.
+        """
         if not events:
             return
         first = events[0]
-        key = message_key(first)
-        if len(events) == 1:
-            value = encode(first)
-        else:
-            if any(e.event_type != first.event_type or message_key(e) != key for e in events):  # type: ignore[attr-defined]
-                raise PublishError("a batch must hold events of one type and one key")
-            value = encode_batch(events)
-        et = first.event_type  # type: ignore[attr-defined]
-        self.publish_raw(SpoolRecord(topic_name(et, self.topic_prefix), key, value, len(events), et))
+        try:
+            et = group_type(events)
+            if topic_type == NODE_SAMPLES and et in NODE_SAMPLE_TYPES:
+                et = NODE_SAMPLES
+            elif topic_type is not None and topic_type != et:
+                raise ValueError(f"{et} events do not belong on the {topic_type} topic")
+        except ValueError as exc:
+            raise PublishError(str(exc)) from None
+        value = encode(first) if len(events) == 1 else encode_batch(events)
+        self.publish_raw(SpoolRecord(topic_name(et, self.topic_prefix), message_key(first), value, len(events), et))
 
     def publish_raw(self, record: SpoolRecord) -> None:
         """Publish an encoded message (the node batcher's path)."""

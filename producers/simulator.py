@@ -158,6 +158,10 @@ class ClusterSimulator:
     step_batches:
         Send each job step as one columnar :class:`IterationStep` instead of
         one :class:`IterationTiming` per rank (what large jobs should do).
+    node_batches:
+        Send each node's heartbeat together with the GPU and NIC samples due
+        by then as one message (the node-samples topic), as the node agent
+        does, instead of one message per kind of sample.
     seed:
         Seed of the jitter; the same seed and the same ``advance`` times give
         the same events.
@@ -171,7 +175,8 @@ class ClusterSimulator:
 
     def __init__(self, nodes: list[str], jobs: list[JobSpec], faults: list[Fault], start: float,
                  heartbeat_interval_s: float = 1.0, seed: int = 0, cluster: str = "sim",
-                 telemetry_interval_s: float | None = None, step_batches: bool = False) -> None:
+                 telemetry_interval_s: float | None = None, step_batches: bool = False,
+                 node_batches: bool = False) -> None:
         unknown = {n for j in jobs for n in j.nodes} - set(nodes)
         if unknown:
             raise ValueError(f"jobs run on unknown nodes: {sorted(unknown)}")
@@ -191,6 +196,7 @@ class ClusterSimulator:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.telemetry_interval_s = telemetry_interval_s
         self.step_batches = step_batches
+        self.node_batches = node_batches
         self.cluster = cluster
         self._rng = random.Random(seed)
         self._queue: list[_Due] = []
@@ -207,13 +213,17 @@ class ClusterSimulator:
         self._nic_totals = {n: {"np_cnp_sent": 0.0, "rp_cnp_handled": 0.0, "np_ecn_marked_roce_packets": 0.0,
                                 "port_xmit_wait": 0.0, "link_downed": 0.0, "symbol_error": 0.0} for n in nodes}
         self._last_telemetry: dict[str, float] = {}
+        self._telemetry_due: dict[str, float] = {}
         for i, node in enumerate(nodes):
             # Spread the agents' phases as real agents started at different times are.
             phase = (i / max(1, len(nodes)))
             self._push(start + phase * heartbeat_interval_s, "heartbeat", node)
             if telemetry_interval_s is not None:
                 self._last_telemetry[node] = start
-                self._push(start + phase * telemetry_interval_s + 1e-3, "telemetry", node)
+                if node_batches:  # sampled when a heartbeat goes out
+                    self._telemetry_due[node] = start + phase * heartbeat_interval_s
+                else:
+                    self._push(start + phase * telemetry_interval_s + 1e-3, "telemetry", node)
         for job in self.jobs.values():
             self._schedule_iteration(job, start)
         for idx, f in enumerate(self.faults):
@@ -260,8 +270,9 @@ class ClusterSimulator:
     def advance(self, until: float) -> list[list[Envelope]]:
         """Simulate up to ``until``; return the due events as publishable groups.
 
-        Each group is one message's worth: a heartbeat alone, every rank's
-        record of one job step, or one node's telemetry of one interval.
+        Each group is one message's worth: a heartbeat alone (with the node's
+        telemetry of one interval when ``node_batches``), every rank's record
+        of one job step, or one node's GPU or NIC telemetry of one interval.
         """
         out: list[list[Envelope]] = []
         while self._queue and self._queue[0].at <= until:
@@ -270,7 +281,12 @@ class ClusterSimulator:
             if due.what == "heartbeat":
                 if due.target in self._lost_nodes:
                     continue
-                out.append([self._heartbeat(due.target, due.at)])
+                group: list[Envelope] = [self._heartbeat(due.target, due.at)]
+                if due.target in self._telemetry_due and due.at >= self._telemetry_due[due.target] - 1e-9:
+                    for samples in self._telemetry(due.target, due.at):
+                        group += samples
+                    self._telemetry_due[due.target] = due.at + self.telemetry_interval_s  # type: ignore[operator]
+                out.append(group)
                 self._push(due.at + self.heartbeat_interval_s, "heartbeat", due.target)
             elif due.what == "telemetry":
                 if due.target in self._lost_nodes:
@@ -436,4 +452,4 @@ def demo_scenario(start: float, seed: int = 0) -> ClusterSimulator:
         Fault("gpu_slow", "node-10", at=22.0, gpu=2, slowdown=0.4),
     ]
     return ClusterSimulator(nodes, jobs, faults, start=start, heartbeat_interval_s=1.0, seed=seed, cluster="demo",
-                            telemetry_interval_s=1.0, step_batches=True)
+                            telemetry_interval_s=1.0, step_batches=True, node_batches=True)

@@ -8,12 +8,12 @@ from schemas.events import (
     ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState, NicCounters, NodeState,
     ProcessExit, Subject, TrainingException, XidError,
 )
-from schemas.topics import TOPICS, all_topic_names, message_key, topic_name
+from schemas.topics import NODE_SAMPLE_TYPES, NODE_SAMPLES, TOPICS, all_topic_names, group_type, message_key, topic_name
 
 __all__ = [
     "Decoded", "decode", "encode", "encode_batch", "Envelope", "Source", "from_seconds", "to_seconds",
     "utcnow", "DecodeError", "SchemaError", "EVENT_TYPES", "ActionResult", "Alert", "CollectiveCall",
     "CollectiveOp", "DeadLetter", "Decision", "DetectorFinding", "ExceptionCategory", "GpuTelemetry", "Heartbeat",
     "IterationStep", "IterationTiming", "JobState", "NicCounters", "NodeState", "ProcessExit", "Subject",
-    "TrainingException", "XidError", "TOPICS", "all_topic_names", "message_key", "topic_name",
+    "TrainingException", "XidError", "TOPICS", "NODE_SAMPLES", "NODE_SAMPLE_TYPES", "group_type", "all_topic_names", "message_key", "topic_name",
 ]

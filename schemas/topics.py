@@ -2,12 +2,17 @@
 
 Every topic holds one event type (the dead-letter topic holds dead letters),
 keyed so that the events one stateful consumer needs land in one partition:
-timings by job, node data by node, alerts by incident.
+timings by job, node data by node, alerts by incident. One exception carries
+the high-rate node data: a node agent sends one message per node per interval
+to the node-samples topic, holding its heartbeat with the GPU samples and NIC
+counters taken since the last one, so a worker pays one message's overhead
+for ten records (see :func:`group_type`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 from schemas.envelope import Envelope
 
@@ -36,6 +41,8 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("telemetry.nic", "nic_counters", "node", 4, "RoCE/IB port counters."),
         TopicSpec("telemetry.gpu", "gpu_telemetry", "node", 4, "GPU telemetry samples."),
         TopicSpec("telemetry.heartbeats", "heartbeat", "node", 4, "Node agent heartbeats."),
+        TopicSpec("telemetry.node", "node_samples", "node", 4,
+                  "One message per node per interval: its heartbeat, GPU samples and NIC counters."),
         TopicSpec("telemetry.processes", "process_exit", "node", 4, "Training process exits."),
         TopicSpec("telemetry.exceptions", "training_exception", "job", 4, "Training exceptions."),
         TopicSpec("state.jobs", "job_state", "job", 4, "Job specs and lifecycle."),
@@ -51,6 +58,31 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("telemetry.watchdogs", "watchdog", "node", 4, "Disk, memory, job-liveness and log-staleness checks."),
     )
 }
+
+
+#: The pseudo event type of the node-samples topic, and the event types it may carry.
+NODE_SAMPLES = "node_samples"
+NODE_SAMPLE_TYPES = frozenset({"heartbeat", "gpu_telemetry", "nic_counters"})
+
+
+def group_type(events: Sequence[Envelope]) -> str:
+    """The topic's event type for one message of ``events``: their own, or :data:`NODE_SAMPLES`.
+
+    A message holds events of one type and one key, or one node's periodic
+    samples (any mix of :data:`NODE_SAMPLE_TYPES`); anything else is a
+    producer's mistake and raises ``ValueError``.
+    """
+    first = events[0]
+    types = {e.event_type for e in events}  # type: ignore[attr-defined]
+    key = message_key(first)
+    if any(message_key(e) != key for e in events):
+        raise ValueError("a message must hold events of one key")
+    if len(types) == 1:
+        return first.event_type  # type: ignore[attr-defined]
+    if types <= NODE_SAMPLE_TYPES:
+        return NODE_SAMPLES
+    raise ValueError(f"a message must hold one event type, or only node samples {sorted(NODE_SAMPLE_TYPES)}; "
+                     f"got {sorted(types)}")
 
 
 def topic_name(event_type: str, prefix: str) -> str:

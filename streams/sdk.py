@@ -39,7 +39,8 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
-from schemas import DetectorFinding, Envelope, Source, Subject, decode, encode, message_key, topic_name, utcnow
+from schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, DetectorFinding, Envelope, Source, Subject, decode, encode, message_key, \
+    topic_name, utcnow
 from streams.incidents import subject_key
 from streams.kafka import dead_letter, refused_event
 
@@ -123,7 +124,11 @@ class StreamApp:
                              "heartbeat.interval.ms": int(self.settings.heartbeat_interval_s * 1000),
                              "fetch.wait.max.ms": 20, "log_level": 3})
         producer = Producer({**self._conf, "enable.idempotence": True, "acks": "all", "linger.ms": 2, "log_level": 3})
-        consumer.subscribe([topic_name(t, self._prefix) for t in self.consumes])
+        wanted = set(self.consumes)
+        topics = [topic_name(t, self._prefix) for t in self.consumes]
+        if wanted & NODE_SAMPLE_TYPES:  # node agents send these together, one message per node and interval
+            topics.append(topic_name(NODE_SAMPLES, self._prefix))
+        consumer.subscribe(topics)
         findings_topic = topic_name("finding", self._prefix)
         dlq_topic = topic_name("dead_letter", self._prefix)
         try:
@@ -138,6 +143,8 @@ class StreamApp:
                         dl = dead_letter(err, msg.topic(), msg.partition(), msg.offset())
                         producer.produce(dlq_topic, key=msg.topic().encode(), value=encode(dl))
                     for event in decoded.events:
+                        if event.event_type not in wanted:  # type: ignore[attr-defined]
+                            continue  # a node-samples message's other kinds
                         ctx = Context(self)
                         for fn in self._handlers:
                             try:

@@ -39,8 +39,8 @@ from streams.recovery import read_before_committed, read_recent
 log = logging.getLogger(__name__)
 
 #: Telemetry the detection stage reads.
-TELEMETRY = ("heartbeat", "iteration", "iteration_step", "collective", "xid", "nic_counters", "gpu_telemetry", "process_exit",
-             "training_exception")
+TELEMETRY = ("heartbeat", "node_samples", "iteration", "iteration_step", "collective", "xid", "nic_counters",
+             "gpu_telemetry", "process_exit", "training_exception")
 
 
 def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
@@ -106,6 +106,7 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
 
     # Which subjects each partition carried, to forget them when it moves away.
     subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
+    key_of_topic = {config.topic(t): TOPICS[t].key for t in TELEMETRY}
     async def decoded(stream: Any) -> Any:
         """Each message decoded, its bad parts dead-lettered; after any takeover replay."""
         async for event in stream.events():
@@ -120,8 +121,8 @@ def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
         async for event, msg, message in decoded(stream):
             nodes, jobs = subjects_of.setdefault((msg.topic, msg.partition), (set(), set()))
             if message.events:
-                key = TOPICS[message.events[0].event_type].key  # type: ignore[attr-defined]
-                if key in ("job", "node"):  # a message holds one event type: one key attribute
+                key = key_of_topic.get(msg.topic)
+                if key in ("job", "node"):
                     known = jobs if key == "job" else nodes
                     known.update(s for s in {getattr(ev.source, key) for ev in message.events} if s)
             now = time.time()

@@ -42,7 +42,8 @@ def agent(
     master_addr: str = typer.Option("127.0.0.1", help="MASTER_ADDR for the launched ranks."),
     master_port: int = typer.Option(29500, help="MASTER_PORT for the launched ranks."),
     watch_pid: Optional[List[int]] = typer.Option(None, help="Watch this existing process (repeatable)."),
-    heartbeat_interval: float = typer.Option(5.0, min=0.01, help="Seconds between heartbeats."),
+    heartbeat_interval: float = typer.Option(
+        5.0, min=0.01, help="Seconds between heartbeats; GPU samples and NIC counters ride with the next one."),
     gpu_interval: float = typer.Option(10.0, min=0.01, help="Seconds between NVML telemetry samples."),
     xid_interval: float = typer.Option(1.0, min=0.01, help="Seconds between drains of NVML XID events."),
     kmsg_interval: float = typer.Option(1.0, min=0.01, help="Seconds between kernel-log reads."),

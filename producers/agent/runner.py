@@ -12,6 +12,11 @@ broker outage, spools, and replays the spool when the broker is back; the
 agent itself never stops for the broker. With a process supervisor the agent
 exits once every supervised process has exited (after a last collection, so
 their exits are published), with torchrun's exit code.
+
+GPU samples and NIC counters ride with the next heartbeat: one message per
+node per interval on the node-samples topic, so a detection worker pays one
+message's overhead for the node's ten-odd records. A sample waits at most one
+heartbeat interval (1.5 if the heartbeat is late; then it goes alone).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from datetime import datetime
 from typing import Any, Callable, Sequence
 
 from producers.agent.base import Collector, HealthTracker
-from schemas import Envelope, Source, message_key
+from schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, Envelope, Heartbeat, Source, message_key
 from schemas.envelope import utcnow
 
 log = logging.getLogger(__name__)
@@ -45,6 +50,12 @@ class Agent:
         self._threads: list[threading.Thread] = []
         self.runs: dict[str, int] = {c.name: 0 for c in self.collectors}
         self.failures: dict[str, int] = {c.name: 0 for c in self.collectors}
+        beats = [c.interval_s for c in self.collectors if c.name == "heartbeat"]
+        #: How long a sample may wait for a heartbeat to ride with; None: no heartbeat, samples go alone.
+        self.sample_wait_s: float | None = 1.5 * beats[0] if beats else None
+        self._samples: list[Envelope] = []
+        self._samples_since = 0.0  # monotonic time of the oldest waiting sample
+        self._samples_lock = threading.Lock()
 
     # -- one collection (also what tests drive) ------------------------------------------------------
 
@@ -68,11 +79,46 @@ class Agent:
 
     def publish(self, events: Sequence[Envelope]) -> None:
         groups: dict[tuple[str, bytes], list[Envelope]] = {}
+        if self.sample_wait_s is not None:
+            events = self._with_samples(events)
         for ev in events:
+            # With a heartbeat to ride on, a node's samples and the beat make one message.
+            bundled = self.sample_wait_s is not None and ev.event_type in NODE_SAMPLE_TYPES  # type: ignore[attr-defined]
+            groups.setdefault((NODE_SAMPLES if bundled else ev.event_type, message_key(ev)), []).append(ev)  # type: ignore[attr-defined]
+        self._publish_groups(groups)
+
+    def _with_samples(self, events: Sequence[Envelope]) -> list[Envelope]:
+        """``events`` less the samples that now wait, plus those that waited for a heartbeat here."""
+        rest = [ev for ev in events if ev.event_type not in NODE_SAMPLE_TYPES or isinstance(ev, Heartbeat)]  # type: ignore[attr-defined]
+        waiting = [ev for ev in events if ev.event_type in NODE_SAMPLE_TYPES and not isinstance(ev, Heartbeat)]  # type: ignore[attr-defined]
+        with self._samples_lock:
+            if waiting:
+                if not self._samples:
+                    self._samples_since = time.monotonic()
+                self._samples.extend(waiting)
+            if any(isinstance(ev, Heartbeat) for ev in rest) and self._samples:
+                rest += self._samples
+                self._samples = []
+        return rest
+
+    def flush_samples(self, older_than_s: float = 0.0) -> None:
+        """Publish the samples still waiting for a heartbeat, if the oldest waited ``older_than_s``."""
+        with self._samples_lock:
+            if not self._samples or time.monotonic() - self._samples_since < older_than_s:
+                return
+            alone, self._samples = self._samples, []
+        groups: dict[tuple[str, bytes], list[Envelope]] = {}
+        for ev in alone:
             groups.setdefault((ev.event_type, message_key(ev)), []).append(ev)  # type: ignore[attr-defined]
-        for group in groups.values():
+        self._publish_groups(groups)
+
+    def _publish_groups(self, groups: dict[tuple[str, bytes], list[Envelope]]) -> None:
+        for (kind, _), group in groups.items():
             try:
-                self.publisher.publish(group)
+                if kind == NODE_SAMPLES:
+                    self.publisher.publish(group, topic_type=NODE_SAMPLES)
+                else:
+                    self.publisher.publish(group)
             except Exception:
                 log.exception("publishing %d %s events failed", len(group), group[0].event_type)  # type: ignore[attr-defined]
 
@@ -107,6 +153,8 @@ class Agent:
         try:
             while not self._stop.is_set():
                 self.publisher.poll(0.1)
+                if self.sample_wait_s is not None:
+                    self.flush_samples(older_than_s=self.sample_wait_s)
                 if stop is not None and stop.is_set():
                     break
                 if deadline is not None and time.monotonic() >= deadline:
@@ -129,6 +177,7 @@ class Agent:
             self.publish(self.run_once(self.supervisor, self._clock()))  # their exits
         if self.batcher is not None:
             self.batcher.stop()
+        self.flush_samples()
         for c in self.collectors:
             try:
                 c.close()

@@ -13,7 +13,7 @@ import pytest
 from producers.agent import Agent, Collector, HeartbeatCollector, ProcessSupervisor
 from producers.agent.process import PidWatcher
 from producers.publisher import Publisher
-from schemas import Heartbeat, ProcessExit, Source
+from schemas import NODE_SAMPLES, GpuTelemetry, Heartbeat, NicCounters, ProcessExit, Source
 from schemas.events import AgentHealth
 from vigil.broker import free_port
 
@@ -23,11 +23,13 @@ SRC = Source(node="n1", cluster="c1")
 class ListPublisher:
     def __init__(self) -> None:
         self.events: list = []
+        self.messages: list = []  # (topic's event type or None for the group's own, events)
         self.lock = threading.Lock()
 
-    def publish(self, events) -> None:
+    def publish(self, events, topic_type=None) -> None:
         with self.lock:
             self.events.extend(events)
+            self.messages.append((topic_type, list(events)))
 
     def poll(self, timeout_s: float = 0.0) -> None:
         time.sleep(min(timeout_s, 0.01))
@@ -141,3 +143,52 @@ def test_agent_runs_with_no_broker_at_all_and_spools(tmp_path):
         t.join(15)
     assert not t.is_alive()
     assert hb.seq >= 10
+
+
+class GpuAndNic(Collector):
+    """Stands in for the NVML and NIC collectors (no GPU here): one GPU sample and one port's counters."""
+
+    name = "samples"
+
+    def collect(self, now):
+        return [GpuTelemetry(event_time=now, source=Source(node="n1", cluster="c1", gpu=0), sm_clock_mhz=1980.0),
+                NicCounters(event_time=now, source=SRC, device="mlx5_0", port=1, counters={"np_cnp_sent": 1})]
+
+
+def test_samples_ride_with_the_next_heartbeat_as_one_node_message():
+    pub = ListPublisher()
+    hb, samples = HeartbeatCollector(1.0, SRC), GpuAndNic(1.0, SRC)
+    agent = Agent([hb, samples], pub, SRC)
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    agent.publish(agent.run_once(samples, now))
+    assert pub.messages == []  # waiting for the beat
+    agent.publish(agent.run_once(hb, now))
+    [(topic, events)] = pub.messages
+    assert topic == NODE_SAMPLES
+    assert sorted(e.event_type for e in events) == ["gpu_telemetry", "heartbeat", "nic_counters"]
+    agent.publish(agent.run_once(hb, now))  # a beat with nothing waiting still goes to the node topic
+    assert pub.messages[-1][0] == NODE_SAMPLES and [e.event_type for e in pub.messages[-1][1]] == ["heartbeat"]
+
+
+def test_samples_do_not_wait_forever_for_a_late_heartbeat_and_stop_flushes_them():
+    pub = ListPublisher()
+    hb, samples = HeartbeatCollector(1.0, SRC), GpuAndNic(1.0, SRC)
+    agent = Agent([hb, samples], pub, SRC)
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    agent.publish(agent.run_once(samples, now))
+    agent.flush_samples(older_than_s=agent.sample_wait_s)  # not that old yet
+    assert pub.messages == []
+    agent.flush_samples(older_than_s=0.0)  # what the run loop does once they waited 1.5 intervals
+    assert sorted((t, e[0].event_type) for t, e in pub.messages) == [(None, "gpu_telemetry"), (None, "nic_counters")]
+    agent.publish(agent.run_once(samples, now))
+    agent.stop(flush_timeout_s=0.1)
+    assert len(pub.events) == 4
+
+
+def test_without_a_heartbeat_collector_samples_go_at_once():
+    pub = ListPublisher()
+    samples = GpuAndNic(1.0, SRC)
+    agent = Agent([samples], pub, SRC)
+    assert agent.sample_wait_s is None
+    agent.publish(agent.run_once(samples, datetime(2026, 1, 1, tzinfo=timezone.utc)))
+    assert sorted(e[0].event_type for _, e in pub.messages) == ["gpu_telemetry", "nic_counters"]

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from schemas import (
-    EVENT_TYPES, Alert, Heartbeat, IterationTiming, Source, Subject, decode, encode, encode_batch,
+    EVENT_TYPES, NODE_SAMPLES, Alert, GpuTelemetry, Heartbeat, IterationTiming, ProcessExit, Source, Subject, decode,
+    encode, encode_batch, group_type, topic_name,
 )
 from schemas.export import CHECKED_IN, json_schemas
 from schemas.tables import TABLE_SPECS, columns, create_table_sql, rows
@@ -135,3 +136,19 @@ def test_rows_flatten_nested_models():
     record = dict(zip(names, row))
     assert record["subject_node"] == "n1" and record["subject_job"] is None
     assert json.loads(record["evidence"]) == [{"silence_s": 3.0}]
+
+
+def test_a_message_is_one_event_type_and_key_or_one_nodes_samples():
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    node = Source(cluster="c", node="n1")
+    beat = Heartbeat(event_time=at, source=node, seq=0, interval_s=1.0)
+    gpu = GpuTelemetry(event_time=at, source=Source(cluster="c", node="n1", gpu=3), sm_clock_mhz=1980.0)
+    assert group_type([beat]) == "heartbeat"
+    assert group_type([beat, gpu]) == NODE_SAMPLES
+    assert topic_name(group_type([gpu, beat]), "v") == "v.telemetry.node"
+    other_node = GpuTelemetry(event_time=at, source=Source(cluster="c", node="n2", gpu=0), sm_clock_mhz=1980.0)
+    with pytest.raises(ValueError, match="one key"):
+        group_type([beat, other_node])
+    exit_ = ProcessExit(event_time=at, source=node, pid=1, exit_code=1)
+    with pytest.raises(ValueError, match="node samples"):
+        group_type([beat, exit_])

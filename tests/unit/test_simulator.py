@@ -102,3 +102,24 @@ def test_a_slowdown_starts_with_the_first_step_planned_after_it():
     assert fault.injected_at == 5.2 and fault.onset_at == pytest.approx(first_slow.start.timestamp(), abs=1e-6)
     assert all(s.duration_s == pytest.approx(0.5, rel=0.03) for s in steps if s.end.timestamp() <= fault.onset_at + 1e-6)
     assert first_slow.duration_s == pytest.approx(0.5 * 0.7 * 2 + 0.5 * 0.3, rel=0.03)  # the rank computes twice as long
+
+
+def test_node_batches_send_each_nodes_samples_with_its_heartbeat():
+    nodes = ["n0", "n1", "n2"]
+    job = JobSpec("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.5)
+
+    def run(node_batches):
+        sim = ClusterSimulator(nodes, [job], [Fault("node_loss", "n2", at=4.5)], start=0.0, telemetry_interval_s=1.0,
+                               step_batches=True, node_batches=node_batches)
+        return sim.advance(9.9)  # not 10.0: the separate mode samples 1 ms after the beat
+
+    batched, separate = run(True), run(False)
+    beats = [g for g in batched if g[0].event_type == "heartbeat"]
+    # one message per node and interval: the beat, 8 GPU samples, the NIC counters; none after n2 is lost
+    assert len(beats) == 10 + 10 + 4
+    assert all(sorted({e.event_type for e in g}) == ["gpu_telemetry", "heartbeat", "nic_counters"] and len(g) == 10
+               for g in beats)
+    assert all(len({e.source.node for e in g}) == 1 for g in beats)
+    count = lambda groups, t: sum(e.event_type == t for g in groups for e in g)
+    for t in ("heartbeat", "gpu_telemetry", "nic_counters", "iteration_step"):
+        assert count(batched, t) == count(separate, t), t

@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from producers.publisher import Publisher
 from producers.simulator import ClusterSimulator, Fault, JobSpec
-from schemas import Alert, IterationStep, decode, encode, encode_batch, message_key, topic_name
+from schemas import Alert, IterationStep, decode, encode, encode_batch, group_type, message_key, topic_name
 from streams.config import StreamConfig
 from streams.kafka import ensure_topics, reader
 from vigil.broker import TansuBroker, die_with_parent, find_tansu
@@ -68,17 +68,17 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 
 def _dataset(seconds: float) -> tuple[list[tuple[str, bytes, bytes]], int]:
-    """(topic suffix event type, key, value) messages of a 4,096-GPU cluster, and the record count."""
+    """(topic's event type, key, value) messages of a 4,096-GPU cluster, and the record count."""
     nodes = [f"node-{i:03d}" for i in range(512)]
     jobs = [JobSpec(f"job-{k}", tuple(nodes[k * 64:(k + 1) * 64]), dp=32, pp=2, tp=8, iteration_s=0.5)
             for k in range(8)]
     sim = ClusterSimulator(nodes, jobs, [], start=time.time() - seconds - 5, heartbeat_interval_s=1.0, seed=1,
-                           telemetry_interval_s=1.0, step_batches=True)
+                           telemetry_interval_s=1.0, step_batches=True, node_batches=True)
     out, records = [], 0
     for group in sim.advance(sim.start + seconds):
         first = group[0]
         value = encode(first) if len(group) == 1 else encode_batch(group)
-        out.append((first.event_type, message_key(first), value))  # type: ignore[attr-defined]
+        out.append((group_type(group), message_key(first), value))
         # A columnar step carries one timing record per rank.
         records += sum(len(e.ranks) if isinstance(e, IterationStep) else 1 for e in group)
     return out, records
@@ -147,7 +147,8 @@ def _latency_cluster(start: float) -> tuple[ClusterSimulator, dict[str, list[Fau
         "node_lost": [Fault("node_loss", n, at=14.2 + i) for i, n in enumerate(nodes[22:24])],
     }
     sim = ClusterSimulator(nodes, jobs, [f for fs in faults.values() for f in fs], start=start,
-                           heartbeat_interval_s=1.0, seed=3, telemetry_interval_s=1.0, step_batches=True)
+                           heartbeat_interval_s=1.0, seed=3, telemetry_interval_s=1.0, step_batches=True,
+                           node_batches=True)
     return sim, faults
 
 
