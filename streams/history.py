@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import compress
+from operator import attrgetter
 from typing import Any, Iterable
 
 import clickhouse_connect
@@ -209,38 +210,58 @@ class HistoryStore:
             return self._insert_events(events)
 
     def _insert_events(self, events: Iterable[Envelope]) -> int:
+        events = events if isinstance(events, list) else list(events)
         # Keyed by the id's 128-bit int: hashing a UUID object costs a Python call, an int none.
-        by_type: dict[str, dict[int, Envelope]] = {}
-        recent, older = self._recent_ids, self._older_ids
-        for event in events:
-            key = event.event_id.int
-            if key in recent or key in older:
-                continue
-            batch = by_type.get(event.event_type)  # type: ignore[attr-defined]
-            if batch is None:
-                batch = by_type[event.event_type] = {}  # type: ignore[attr-defined]
-            batch[key] = event
+        keys = list(map(_ID_INT, events))
+        kinds = set(map(_EVENT_TYPE, events))
+        by_type: dict[str, dict[int, Envelope]]
+        if len(kinds) == 1:
+            # A topic's batch is of one type: deduplicated within itself by a dict, in C.
+            by_type = {kinds.pop(): dict(zip(keys, events))}
+        else:
+            by_type = {}
+            for key, event in zip(keys, events):
+                batch = by_type.get(event.event_type)  # type: ignore[attr-defined]
+                if batch is None:
+                    batch = by_type[event.event_type] = {}  # type: ignore[attr-defined]
+                batch[key] = event
+        for batch in by_type.values():
+            for known in (self._recent_ids, self._older_ids):
+                if known:
+                    for key in batch.keys() & known.keys():
+                        del batch[key]
         written = 0
         with self._lock:
             for event_type, batch in by_type.items():
+                if not batch:
+                    continue
                 # Column-oriented: clickhouse-connect writes each column in one pass.
                 names, data = column_values(event_type, list(batch.values()))
-                times = data[names.index(TABLE_SPECS[event_type].time_column)]  # microseconds
-                stored = self._stored_ids(event_type, batch, min(times), max(times))
-                if stored:
-                    keep = [key not in stored for key in batch]
-                    data = [list(compress(values, keep)) for values in data]
-                fresh = len(data[0])
-                if fresh:
-                    try:
-                        self._client.insert(table_name(event_type, self.database), data, column_names=names,
-                                            column_oriented=True)
-                    finally:
-                        # clickhouse-connect's insert context is a reference cycle that holds the
-                        # columns until the next garbage collection: free their values now.
-                        for values in data:
+                keep: list[bool] | None = None
+                insert: list[list[Any]] = []
+                try:
+                    times = data[names.index(TABLE_SPECS[event_type].time_column)]  # microseconds
+                    stored = self._stored_ids(event_type, batch, min(times), max(times))
+                    keep = [key not in stored for key in batch] if stored else None
+                    # A nullable column that is NULL in every row is left out: ClickHouse fills
+                    # it with its default, NULL, for less than clickhouse-connect takes to write it.
+                    nullable = _NULLABLE[event_type]
+                    columns_in = [i for i, values in enumerate(data) if i not in nullable
+                                  or values[0] is not None or values.count(None) != len(values)]
+                    insert = [data[i] if keep is None else list(compress(data[i], keep)) for i in columns_in]
+                    fresh = len(insert[0])
+                    if fresh:
+                        self._client.insert(table_name(event_type, self.database), insert,
+                                            column_names=[names[i] for i in columns_in], column_oriented=True)
+                        written += fresh
+                finally:
+                    # clickhouse-connect's insert context is a reference cycle that holds the
+                    # columns until the next garbage collection: free their values now.
+                    for values in data:
+                        values.clear()
+                    if keep is not None:
+                        for values in insert:
                             values.clear()
-                    written += fresh
                 self._remember(batch)
         return written
 
@@ -303,6 +324,16 @@ class HistoryStore:
     def close(self) -> None:
         with self._lock:
             self._client.close()
+
+
+_ID_INT = attrgetter("event_id.int")
+_EVENT_TYPE = attrgetter("event_type")
+#: Column indexes, per event type, of the columns that may hold NULL (and default to it).
+_NULLABLE: dict[str, frozenset[int]] = {
+    event_type: frozenset(i for i, c in enumerate(columns(event_type))
+                          if c.ch_type.startswith(("Nullable(", "LowCardinality(Nullable(")))
+    for event_type in EVENT_TYPES
+}
 
 
 def _norm(expr: str) -> str:

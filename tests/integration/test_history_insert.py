@@ -1,0 +1,52 @@
+"""The store writes each event once, every column as the model holds it (NULLs included)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+
+from schemas import Alert, GpuTelemetry, Heartbeat, Source, Subject
+from schemas.tables import columns, rows
+
+T0 = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def _stored(history, table: str, event_type: str) -> dict[uuid.UUID, tuple]:
+    names = ", ".join(f"`{c.name}`" for c in columns(event_type))  # event_id first
+    return {r[0]: r for r in history.query(f"SELECT {names} FROM {history.database}.{table}").rows}
+
+
+def _expected(event_type: str, events: list) -> dict[uuid.UUID, tuple]:
+    _, by_row = rows(event_type, events)
+    # (ClickHouse gives times back naive, in UTC)
+    return {r[0]: tuple(v.astimezone(timezone.utc).replace(tzinfo=None) if isinstance(v, datetime) else v for v in r)
+            for r in by_row}
+
+
+def test_rows_read_back_as_the_models_hold_them_with_null_columns_null(history):
+    # Most GPU samples leave most fields unset: those columns are NULL in every row of the
+    # batch; one field is set in a single row, the rest of its column NULL.
+    gpus = [GpuTelemetry(event_time=T0 + timedelta(seconds=i), source=Source(node=f"n{i % 3}", gpu=i % 8),
+                         utilization_pct=50.0 + i, nvlink_errors={"crc": i} if i == 7 else {},
+                         pcie_replays=3 if i == 5 else None)
+            for i in range(20)]
+    alerts = [Alert(event_time=T0, incident_id=uuid.uuid4(), incident_version=1, status="open", severity=2,
+                    kind="task_hang", subject=Subject(job="j") if i else Subject(), onset_time=T0,
+                    detection_time=T0 + timedelta(seconds=i), detector="d", detector_version="1")
+              for i in range(3)]
+    assert history.insert_events(gpus + alerts) == 23  # a batch of two types
+    assert _stored(history, "gpu_telemetry", "gpu_telemetry") == _expected("gpu_telemetry", gpus)
+    assert _stored(history, "alerts", "alert") == _expected("alert", alerts)
+
+
+def test_an_event_id_is_stored_once_whatever_the_path(history):
+    beats = [Heartbeat(event_time=T0 + timedelta(seconds=i), source=Source(node="n1"), seq=i, interval_s=1.0)
+             for i in range(10)]
+    assert history.insert_events(beats + beats[:4]) == 10  # twice within one batch
+    assert history.insert_events(beats[5:] + [beats[2]]) == 0  # ids the store inserted recently
+    other = history.with_database(history.database)  # no recent ids: the stored ids are read back
+    more = [Heartbeat(event_time=T0 + timedelta(seconds=10 + i), source=Source(node="n1"), seq=10 + i,
+                      interval_s=1.0) for i in range(3)]
+    assert other.insert_events(iter(beats[::3] + more)) == 3  # (any iterable)
+    assert history.query(f"SELECT count(), uniqExact(event_id) FROM {history.database}.heartbeats").rows \
+        == [(13, 13)]
