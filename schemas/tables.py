@@ -107,6 +107,9 @@ def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+_EMPTY_JSON = {dict: "{}", list: "[]"}
+
+
 def _to_json(v: Any) -> str:
     # Empty containers are most of them (no NVLink errors, no evidence): skip the encoder.
     if not v and type(v) in (dict, list):
@@ -248,6 +251,10 @@ def column_values(event_type: str, events: list[Envelope]) -> tuple[list[str], l
             if cols[i].ch_type.startswith(_TICKS_TYPES):
                 # Integer ticks: clickhouse-connect converts a datetime in Python several times slower.
                 out[i] = [None if v is None else (v - _EPOCH) // _MICROSECOND for v in values]
+            elif convert is _to_json:
+                # Most are empty (no NVLink errors, no evidence): no call for those.
+                out[i] = [v if v is None else _EMPTY_JSON[type(v)] if not v and type(v) in _EMPTY_JSON else _to_json(v)
+                          for v in values]
             else:
                 out[i] = values if convert is _same else [None if v is None else convert(v) for v in values]
     return [c.name for c in cols], out
