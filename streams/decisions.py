@@ -12,8 +12,13 @@ Action results feed back: a failed or timed-out remedy climbs the ladder; a
 remedy that worked resolves the incidents it answered ("recovered by ..."),
 so a failure that comes back afterwards is a new incident, seen as the same
 failure returning; the durations of finished actions teach the ski-rental
-overheads. When nothing is left to try, a sev1 ``recovery_failed`` alert
-calls a human.
+overheads, and the durations of finished fail-slows (from the alert's onset to
+its resolution; a lower bound when a strategy or a remedy acted on the job
+meanwhile, completed when the straggler node that a checkpoint-restart
+left behind comes back) teach it how long the next one will last. The ski rental is
+offered only the strategies that the job's layout allows (micro-batches need
+two replicas, a topology adjustment two pipeline stages). When nothing is
+left to try, a sev1 ``recovery_failed`` alert calls a human.
 
 Pure: no Kafka, time is an argument.
 
@@ -38,10 +43,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from schemas import ActionResult, Alert, Decision, Envelope, JobState, NodeState, Source, Subject, from_seconds
+from schemas import ActionResult, Alert, Decision, Envelope, JobState, NodeState, Source, Subject, from_seconds, \
+    to_seconds
 from streams.escalation import LADDER, Escalation
 from streams.incidents import GPU_CAUSES, LINK_CAUSES
-from streams.skirental import FailSlowMitigation
+from streams.skirental import STRATEGIES, FailSlowMitigation
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +138,7 @@ class DecisionEngine:
     def on_alert(self, alert: Alert, now: float) -> list[Envelope]:
         self._learn_nodes(alert)
         if alert.status == "resolved":
-            return self._on_resolved(alert)
+            return self._on_resolved(alert, now)
         if alert.kind in DEGRADATIONS:
             return self._on_degradation(alert, now)
         rung = 2 if alert.severity == 1 else 1 if alert.severity == 2 else 0
@@ -182,7 +188,8 @@ class DecisionEngine:
             if not job or not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or before <= 0:
                 continue
             cls = str(e.get("slowdown_class") or "communication")
-            self.mitigation.start(job, float(before), float(after), cls, now)
+            self.mitigation.start(job, float(before), float(after), cls, now, onset=to_seconds(alert.onset_time),
+                                  strategies=self._strategies(job))
             node = alert.subject.node if alert.kind in GPU_CAUSES | LINK_CAUSES else e.get("node")
             self._failslow_ctx.setdefault(job, (node if isinstance(node, str) else None, float(before), float(after), cls))
             answered = self._failslow_incident.setdefault(job, [])
@@ -190,7 +197,20 @@ class DecisionEngine:
                 answered.append(alert.incident_id)
         return []
 
-    def _on_resolved(self, alert: Alert) -> list[Envelope]:
+    def _strategies(self, job: str) -> tuple[str, ...] | None:
+        """The fail-slow strategies that can act on ``job``'s layout (None: layout unknown, all of them).
+
+        Micro-batches move between data-parallel replicas (two or more), a
+        topology adjustment moves work or traffic between pipeline stages (two
+        or more); a checkpoint-restart always applies.
+        """
+        spec = self.jobs.get(job, _JobInfo()).spec
+        if spec is None or not spec.nodes or len(spec.nodes) != spec.dp * spec.pp:
+            return None
+        return tuple(s for s in STRATEGIES if not (s == "rebalance_microbatches" and spec.dp < 2)
+                     and not (s == "adjust_topology" and spec.pp < 2))
+
+    def _on_resolved(self, alert: Alert, now: float) -> list[Envelope]:
         self._incident_rung.pop(alert.incident_id, None)
         self._settling.pop(alert.incident_id, None)
         for job, incidents in list(self._failslow_incident.items()):
@@ -199,7 +219,8 @@ class DecisionEngine:
                 if not incidents:
                     del self._failslow_incident[job]
                     self._failslow_ctx.pop(job, None)
-                    self.mitigation.stop(job)
+                    # Its duration teaches the ski rental (a lower bound if anything acted on the job).
+                    self.mitigation.stop(job, now=now)
         return []
 
     # -- action results ----------------------------------------------------
@@ -238,6 +259,8 @@ class DecisionEngine:
             info = self.jobs.setdefault(job, _JobInfo())
             prev = info.spec
             info.spec = event
+            if prev is not None and prev.nodes and event.nodes and set(prev.nodes) != set(event.nodes):
+                self.mitigation.touched(job, now)  # moved: a fail-slow of its old nodes no longer shows
             if event.nodes:  # where it runs now: nodes it has left are no longer its concern
                 info.nodes = set(event.nodes)
             arrived = event.state in ("pending", "running") and (prev is None or prev.state in ("completed", "failed", "cancelled"))
@@ -252,8 +275,16 @@ class DecisionEngine:
         self.known_nodes.add(node)
         if event.state in ("lost", "drained"):
             self.nodes_down.add(node)
+            if event.state == "drained":  # a straggler left by a checkpoint-restart: its return ends the fail-slow
+                for job, info in self.jobs.items():
+                    if node in info.nodes:
+                        self.mitigation.straggler_left(job, node)
+            else:
+                self.mitigation.node_gone(node)
         elif event.state in ("joined", "repaired", "healthy"):
             back = node in self.nodes_down or event.state == "joined"
+            if back:
+                self.mitigation.node_back(node, now)
             self.nodes_down.discard(node)
             if back:
                 return self._replanning(f"node {node} {event.state}", now)
@@ -281,8 +312,8 @@ class DecisionEngine:
         for job, strategy, lost in self.mitigation.tick(now):
             answers = list(self._failslow_incident.get(job, []))
             out.append(self._decide(job, "fail_slow", strategy, None, now,
-                                    f"fail-slow has cost {lost:.1f} s, the overhead of {strategy} "
-                                    f"({self.mitigation.overhead_s[strategy]:.1f} s): ski rental buys it",
+                                    f"ski rental buys {strategy} after {lost:.1f} s lost: "
+                                    f"{self.mitigation.explain(job)}",
                                     self._failslow_plan(job, strategy), answers=answers))
         self.escalation.forget_before(now - 10 * self.escalation.window_s)
         return out
@@ -291,6 +322,7 @@ class DecisionEngine:
     def _remedy(self, job: str, kind: str, action: str, answers: list[uuid.UUID], now: float, reason: str,
                 source_alert: Alert | None = None, culprit: str | None = None) -> list[Envelope]:
         self.escalation.acted(job, kind, action, now)
+        self.mitigation.touched(job, now)  # a fail-slow in progress may end with this remedy, not by itself
         nodes = sorted(self.jobs.get(job, _JobInfo()).nodes)
         if source_alert is not None:
             culprit = source_alert.subject.node
