@@ -603,7 +603,6 @@ class Vigil:
                 sim.assign(j, _place(sim.topology, sim.free_nodes(), size, j.cfg.model.pp, previous[name], "milp"))
         for name in changed:
             j = sim.jobs[name]
-            self._new_layout(j)
             if not j.grid:
                 sim.set_off(j, "no nodes")
             elif name == failed:
@@ -615,7 +614,8 @@ class Vigil:
                 sim.resume(j, sim.costs.transition_s, rollback=True, reason="transition")
             else:
                 sim.pause(j, sim.costs.transition_s, "transition")
-            self.job_state(j)
+            self.job_state(j)  # the engine hears of the move first: the incidents it closes were cut short
+            self._new_layout(j)
         if changed:
             sim.record("replan", jobs={n: sim.jobs[n].size for n in changed}, failed=failed)
         return changed
