@@ -49,7 +49,7 @@ from schemas import ActionResult, Alert, Decision, JobState, NodeState, Source, 
 from streams.decisions import DEGRADATIONS, DecisionEngine
 from streams.escalation import Escalation
 from streams.incidents import Correlator
-from streams.skirental import FailSlowMitigation
+from streams.skirental import STRATEGIES, FailSlowMitigation
 
 __all__ = ["initial_placement", "RestartOnly", "PerJob", "Vigil", "SimActuator", "POLICIES"]
 
@@ -427,16 +427,27 @@ class SimActuator:
 
 
 class Vigil:
-    """The live decision engine on simulated time (see the module docstring)."""
+    """The live decision engine on simulated time (see the module docstring).
+
+    ``failslow_pricing``: ``"learned"`` (the live engine: the ski rental
+    learns episode durations online from what it sees end) or
+    ``"clairvoyant"``, a bound for the benchmark and nothing else: the ski
+    rental is told each episode's true remaining duration by the simulator
+    (it still sees the slowdown only through the detector, and pays the same
+    costs), which no online policy can know.
+    """
 
     name = "vigil"
 
     def __init__(self, tick_s: float = 10.0, housekeeping_s: float = 60.0, pre_iterations: int = 64,
-                 max_iterations: int = 160) -> None:
+                 max_iterations: int = 160, failslow_pricing: str = "learned") -> None:
+        if failslow_pricing not in ("learned", "clairvoyant"):
+            raise ValueError(f"failslow_pricing must be 'learned' or 'clairvoyant', got {failslow_pricing!r}")
         self.tick_s = tick_s
         self.housekeeping_s = housekeeping_s
         self.pre_iterations = pre_iterations
         self.max_iterations = max_iterations
+        self.failslow_pricing = failslow_pricing
 
     # -- set-up ------------------------------------------------------------------
     def setup(self, sim: Simulation) -> None:
@@ -445,7 +456,8 @@ class Vigil:
         c = sim.costs
         # Ski rental priced with this cluster's costs (the live engine then keeps learning them from results).
         mitigation = FailSlowMitigation({"rebalance_microbatches": c.rebalance_s, "adjust_topology": c.topology_s,
-                                         "checkpoint_restart": c.checkpoint_save_s + c.restart_s})
+                                         "checkpoint_restart": c.checkpoint_save_s + c.restart_s},
+                                        remaining=self._true_remaining if self.failslow_pricing == "clairvoyant" else None)
         self.engine = DecisionEngine(escalation=Escalation(), mitigation=mitigation,
                                      recovered=self.correlator.recovered, replan=self._replan_decision,
                                      cluster="sim")
@@ -456,6 +468,7 @@ class Vigil:
         self.obs: dict[str, dict[str, Any]] = {}
         self.failslow_incidents: dict[uuid.UUID, str] = {}
         self.decisions: Counter[str] = Counter()
+        self.failslow_steps: dict[str, Counter[str]] = {a: Counter() for a in STRATEGIES}
         self.alerts: Counter[str] = Counter()
         self.replans = 0
         self._ticking = False
@@ -469,6 +482,12 @@ class Vigil:
             if job.grid:
                 self._probe(job)
         sim.at(sim.now + self.housekeeping_s, self._housekeeping)
+
+    def _true_remaining(self, job: str, slowdown_class: str, age_s: float) -> tuple[float, bool] | None:
+        """The clairvoyant bound's oracle: how long the fail-slows that hit ``job`` will still last (ground truth)."""
+        sim = self.sim
+        ends = [sim.slows[i][0].end for i in sim.jobs[job].episodes if i in sim.slows] if job in sim.jobs else []
+        return (max(0.0, max(ends) - sim.now), True) if ends else (0.0, True)
 
     def _job_state(self, job: JobRun) -> JobState:
         m = job.cfg.model
@@ -498,6 +517,9 @@ class Vigil:
                 self.actuator.submit(e)
             elif isinstance(e, Alert):
                 self.deliver([e])
+            if isinstance(e, Decision) and e.action in STRATEGIES:
+                basis = "classic" if "classic ski rental" in e.reason else "expected remaining"
+                self.failslow_steps[e.action][basis] += 1
 
     def deliver(self, alerts: list[Alert]) -> None:
         sim = self.sim
@@ -712,6 +734,10 @@ class Vigil:
             "replans": self.replans,
             "failstop_probes": self.stops.probes,
             "learned_overhead_s": {k: round(v, 1) for k, v in self.engine.mitigation.overhead_s.items()},
+            "failslow_pricing": self.failslow_pricing,
+            "failslow_steps": {a: dict(sorted(c.items())) for a, c in self.failslow_steps.items()},
+            "failslow_history": {cls: dict(zip(("episodes", "ended_seen"), self.engine.mitigation.durations.count(cls)))
+                                 for cls in ("computation", "communication")},
         }
 
 

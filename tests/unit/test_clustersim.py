@@ -243,3 +243,6 @@ def test_bench_policies_writes_json_markdown_and_plot(tmp_path):
     assert path.with_suffix(".md").read_text().startswith("# Policy benchmark")
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert np.isfinite(result["detail"]["restart_only_manual_shrink_4h"]["accumulated_waf"])
+    bound = result["detail"]["failslow_clairvoyant_bound"]
+    assert bound["failslow_mitigated_pct"] is not None and "failslow_steps" in bound
+    assert set(result["detail"]["per_policy"]["vigil"]["failslow_history"]) == {"computation", "communication"}

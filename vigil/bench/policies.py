@@ -124,6 +124,10 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
         progress("restart-only with an operator who shrinks waiting jobs after 4 h")
     shrink = simulate("restart-only", jobs, topo, tr, costs=replace(costs, manual_shrink_s=4 * 3600.0), seed=seed,
                       initial=initial_placement(jobs, topo))
+    if progress:
+        progress("vigil with a clairvoyant ski rental (told each fail-slow's remaining duration): a bound")
+    seer = simulate("vigil", jobs, topo, tr, costs=costs, seed=seed, initial=initial_placement(jobs, topo),
+                    failslow_pricing="clairvoyant")
     oracle = oracle_waf(jobs, tr)
     detail: dict[str, Any] = {
         "trace_counts": tr.counts(),
@@ -138,6 +142,15 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
             "accumulated_waf": round(shrink["accumulated_waf"], 3),
             "vigil_ratio": round(vigil["accumulated_waf"] / shrink["accumulated_waf"], 4),
             "ettr_mean": round(shrink["ettr_mean"], 4)},
+        "failslow_clairvoyant_bound": {
+            "what": "vigil whose ski rental is told each fail-slow's true remaining duration (no online policy can "
+                    "know it); the same detection, ladder and costs",
+            "failslow_mitigated_pct": None if seer["failslow_mitigated_pct"] is None
+            else round(seer["failslow_mitigated_pct"], 2),
+            "failslow_slowdown_pct": round(seer["failslow_slowdown_pct"], 3),
+            "unmitigated_slowdown_pct": round(seer["failslow_unmitigated_slowdown_pct"], 3),
+            "waf_ratio_vs_restart_only": round(seer["accumulated_waf"] / base, 4) if base > 0 else None,
+            "failslow_steps": seer["failslow_steps"]},
         "failslow": {p: {"lost_s": round(r["failslow_lost_s"], 1),
                          "episode_running_s": round(r["failslow_episode_running_s"], 1),
                          "unmitigated_lost_s": round(r["failslow_unmitigated_lost_s"], 1),
@@ -148,8 +161,8 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
                            "detection": r["detection"], "recovery": r["recovery"],
                            "jobs": r["jobs"], "events": r["events"], "wall_s": round(r["wall_s"], 2),
                            **{k: r[k] for k in ("decisions", "actions", "actions_failed", "alerts", "replans",
-                                                "failstop_probes", "learned_overhead_s", "restarts",
-                                                "still_waiting") if k in r}}
+                                                "failstop_probes", "learned_overhead_s", "failslow_steps",
+                                                "failslow_history", "restarts", "still_waiting") if k in r}}
                        for p, r in runs.items()},
         "series_daily": {},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
@@ -183,6 +196,8 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
             "load_average_after": [round(x, 2) for x in os.getloadavg()],
             "events": {p: r["events"] for p, r in big.items()},
             "policies": {p: _summary(r, base_s) for p, r in big.items()},
+            "vigil_failslow_steps": big["vigil"]["failslow_steps"],
+            "vigil_failslow_history": big["vigil"]["failslow_history"],
         }
     result["wall_s"] = round(time.perf_counter() - wall0, 1)
     result["targets"] = _targets(result)
@@ -237,7 +252,8 @@ def format_table(result: dict[str, Any]) -> list[tuple[str, ...]]:
 def markdown(result: dict[str, Any]) -> str:
     d = result["detail"]
     lines = [f"# Policy benchmark: {result['trace']}, {result['gpus']} GPUs, seed {result['seed']}", "",
-             f"`vigil bench policies --trace {result['trace']} --gpus {result['gpus']} --seed {result['seed']}` "
+             f"`vigil bench policies --trace {result['trace']} --gpus {result['gpus']} --seed {result['seed']}"
+             f"{'' if 'scale_run' in d else ' --no-scale'}` "
              f"({result['wall_s']:.0f} s on {d['machine']['cpus']} CPUs). Trace: {d['trace_days']:.0f} days, "
              + ", ".join(f"{k} {v}" for k, v in d["trace_counts"].items()) + ".", "",
              "| policy | accumulated WAF (weighted EFLOP) | vs restart-only | ETTR mean | ETTR min | fail-slow slowdown |",
@@ -252,7 +268,10 @@ def markdown(result: dict[str, Any]) -> str:
               f"{d['restart_only_manual_shrink_4h']['vigil_ratio']:.3f}x it.", "",
               f"Fail-slows: vigil's mitigation removes {result['failslow_mitigated_pct']}% of what the same episodes "
               f"would cost unmitigated in its run ({d['failslow']['vigil']['unmitigated_slowdown_pct']:.2f} % -> "
-              f"{d['failslow']['vigil']['slowdown_pct']:.2f} % slowdown of the affected jobs).", "",
+              f"{d['failslow']['vigil']['slowdown_pct']:.2f} % slowdown of the affected jobs; steps bought "
+              + _steps(d["per_policy"]["vigil"].get("failslow_steps", {})) + "). A ski rental told each episode's true "
+              f"remaining duration (a bound, not an online policy) would remove "
+              f"{d['failslow_clairvoyant_bound']['failslow_mitigated_pct']}%.", "",
               "## Targets", "", "| target | wanted | measured | met |", "|---|---:|---:|:---:|"]
     for k, t in result["targets"].items():
         lines.append(f"| {k} | {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
@@ -280,7 +299,23 @@ def markdown(result: dict[str, Any]) -> str:
             r = scale["policies"][p]
             lines.append(f"| {p} | {r['accumulated_waf']:.0f} | {r['waf_ratio_vs_restart_only']:.3f}x | "
                          f"{r['ettr_mean']:.4f} | {r['failslow_mitigated_pct'] if p == 'vigil' else '-'} |")
+        if "vigil_failslow_steps" in scale:
+            hist = ", ".join(f"{c} {h['episodes']} ({h['ended_seen']} seen to end)"
+                             for c, h in scale["vigil_failslow_history"].items())
+            lines += ["", "vigil's fail-slow steps: " + _steps(scale["vigil_failslow_steps"])
+                      + f". Episodes its ski rental learned from: {hist}."]
     return "\n".join(lines)
+
+
+def _steps(steps: dict[str, dict[str, int]]) -> str:
+    """'checkpoint_restart 3 (2 by expected remaining duration, 1 classic), ...' for the markdown."""
+    parts = []
+    for action, by in steps.items():
+        n = sum(by.values())
+        if n:
+            parts.append(f"{action} {n} ({by.get('expected remaining', 0)} priced by the expected remaining "
+                         f"duration, {by.get('classic', 0)} by the classic rule)")
+    return ", ".join(parts) or "none"
 
 
 def plot_waf(runs: dict[str, dict[str, Any]], end: float, path: Path, title: str = "") -> None:
