@@ -21,7 +21,7 @@ import clickhouse_connect
 from schemas import Envelope
 from schemas.events import EVENT_TYPES
 from schemas.tables import TABLE_SPECS, column_values, columns, create_table_sql, table_name
-from streams.analytics import migrate_analytics
+from streams.analytics import ROLLUPS, migrate_analytics
 
 
 @contextlib.contextmanager
@@ -253,7 +253,7 @@ class HistoryStore:
                     if fresh:
                         self._client.insert(table_name(event_type, self.database), insert,
                                             column_names=[names[i] for i in columns_in], column_oriented=True,
-                                            settings=_INSERT_SETTINGS)
+                                            settings=_insert_settings(event_type))
                         written += fresh
                 finally:
                     # clickhouse-connect's insert context is a reference cycle that holds the
@@ -327,11 +327,16 @@ class HistoryStore:
             self._client.close()
 
 
-#: The batch holds each id once and every sort key ends with event_id, so ReplacingMergeTree's
-#: collapsing of equal keys within the inserted block finds nothing to collapse: skipping it
-#: halves ClickHouse's own time per insert. (Rows that slip in twice, across inserts, still
-#: collapse when parts merge.)
-_INSERT_SETTINGS = {"optimize_on_insert": 0}
+def _insert_settings(event_type: str) -> dict[str, Any] | None:
+    """A batch holds each id once and every sort key ends with event_id, so ReplacingMergeTree's
+    collapsing of equal keys within the inserted block finds nothing to collapse: skipping it
+    halves ClickHouse's own time per insert. Not for a table that feeds a rollup: the setting
+    reaches the views' inserts too, where a block can hold equal keys (a step stored twice)."""
+    return None if TABLE_SPECS[event_type].table in _FEEDS_ROLLUPS else _NO_OPTIMIZE_ON_INSERT
+
+
+_NO_OPTIMIZE_ON_INSERT = {"optimize_on_insert": 0}
+_FEEDS_ROLLUPS = frozenset(source for rollup in ROLLUPS for _, source, _ in rollup.feeds)
 _ID_INT = attrgetter("event_id.int")
 _EVENT_TYPE = attrgetter("event_type")
 #: Column indexes, per event type, of the columns that may hold NULL (and default to it).

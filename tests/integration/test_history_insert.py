@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from schemas import Alert, GpuTelemetry, Heartbeat, Source, Subject
+from schemas import Alert, GpuTelemetry, Heartbeat, IterationStep, Source, Subject
 from schemas.tables import columns, rows
 
 T0 = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
@@ -50,3 +50,13 @@ def test_an_event_id_is_stored_once_whatever_the_path(history):
     assert other.insert_events(iter(beats[::3] + more)) == 3  # (any iterable)
     assert history.query(f"SELECT count(), uniqExact(event_id) FROM {history.database}.heartbeats").rows \
         == [(13, 13)]
+
+
+def test_a_rollup_fed_by_the_batch_collapses_it_as_on_any_insert(history):
+    # A step published twice (two ids, one execution) in one batch: job_steps, keyed by
+    # execution, holds it once from the start, not only after its parts merge.
+    step = dict(event_time=T0 + timedelta(seconds=10), source=Source(job="j"), step=5, start=T0,
+                end=T0 + timedelta(seconds=10), duration_s=10.0, ranks=[0], nodes=["n1"], gpus=[0], compute_s=[7.0],
+                communication_s=[3.0], dp=[0], pp=[0], tp=[0])
+    assert history.insert_events([IterationStep(**step), IterationStep(**step)]) == 2
+    assert history.query(f"SELECT count() FROM {history.database}.job_steps").rows == [(1,)]
