@@ -162,8 +162,9 @@ class DecisionEngine:
                                      {"reason": f"vigil: {alert.kind}"}, target=Subject(node=alert.subject.node))]
             return []
         out: list[Envelope] = []
+        began = min(now, to_seconds(alert.onset_time))
         for job in jobs:
-            action = self.escalation.next_action(job, alert.kind, alert.severity, now)
+            action = self.escalation.next_action(job, alert.kind, alert.severity, now, began=began)
             running = self._decided.get(self._inflight.get(job))  # type: ignore[arg-type]
             if running is not None and running.action in LADDER and \
                     LADDER.index(running.action) >= LADDER.index(action) and now - running.at < self.inflight_timeout_s:
@@ -172,7 +173,7 @@ class DecisionEngine:
                 continue
             history = self.escalation.history(job, alert.kind)
             why = f"sev{alert.severity} {alert.kind}"
-            if history:
+            if history and self.escalation.returned(job, alert.kind, began):
                 why += f" returned within {self.escalation.window_s:.0f} s of {history[-1][1]}"
             out += self._remedy(job, alert.kind, action, [alert.incident_id], now, f"{why}: {action}",
                                 source_alert=alert)

@@ -27,6 +27,8 @@ Examples
 'reconfigure'
 >>> esc.next_action("job-1", "nccl_timeout", severity=3, now=5000.0)  # much later: a new failure
 'retry_in_place'
+>>> esc.next_action("job-1", "nccl_timeout", severity=3, now=5000.0, began=100.0)  # began soon after, seen late
+'reconfigure'
 """
 
 from __future__ import annotations
@@ -68,15 +70,24 @@ class Escalation:
         self.max_restarts = max_restarts
         self._attempts: dict[tuple[str, str], _Attempts] = {}
 
-    def next_action(self, job: str, kind: str, severity: int, now: float) -> str:
-        """The remedy for this failure now: its entry rung, or above the last one if it returned."""
+    def next_action(self, job: str, kind: str, severity: int, now: float, began: float | None = None) -> str:
+        """The remedy for this failure now: its entry rung, or above the last one if it returned.
+
+        ``began`` is when the failure started (its onset), ``now`` by default:
+        a failure that came back a minute after its remedy but was detected
+        only at a 30-minute collective timeout still came back.
+        """
         if severity not in ENTRY:
             raise ValueError(f"severity must be 1, 2 or 3, got {severity}")
         entry = ENTRY[severity]
-        last = self._attempts.get((job, kind))
-        if last is None or now - last.at > self.window_s:
+        if not self.returned(job, kind, now if began is None else began):
             return LADDER[entry]
-        return LADDER[max(entry, self._climb(last))]
+        return LADDER[max(entry, self._climb(self._attempts[(job, kind)]))]
+
+    def returned(self, job: str, kind: str, began: float) -> bool:
+        """Did this failure start within the window of its last remedy?"""
+        last = self._attempts.get((job, kind))
+        return last is not None and began - last.at <= self.window_s
 
     def _climb(self, last: _Attempts) -> int:
         if LADDER[last.rung] == "restart_process" and last.restarts < self.max_restarts:

@@ -245,3 +245,17 @@ def test_a_node_failure_reconfigures_the_jobs_the_detectors_saw_running_there():
     (xid,) = [a for a in alerts if a.kind == "xid"]
     (d,) = decisions(DecisionEngine(settle_s=0).on_alert(xid, t0 + 4))
     assert (d.action, d.target.job, d.plan) == ("reconfigure", "gpt", {"exclude_nodes": ["n12"]})
+
+
+def test_a_failure_that_returned_soon_but_was_seen_late_still_climbs():
+    """A hang missed in-band shows only at the 30-minute collective timeout: it began a minute after the retry."""
+    eng = DecisionEngine(settle_s=0, escalation=Escalation(window_s=600, max_restarts=1))
+    t0 = 1_700_000_000.0
+    (retry,) = decisions(eng.on_alert(alert("nccl_timeout", 3, rank=1), t0))
+    eng.on_action_result(result(retry, "succeeded"), t0 + 30)
+    late = alert("nccl_timeout", 3, rank=1).model_copy(update={"onset_time": from_seconds(t0 + 60)})
+    (climb,) = decisions(eng.on_alert(late, t0 + 60 + 1800))
+    assert climb.action == "restart_process" and "returned within 600 s" in climb.reason
+    fresh = alert("nccl_timeout", 3, rank=1).model_copy(update={"onset_time": from_seconds(t0 + 5000)})
+    (again,) = decisions(eng.on_alert(fresh, t0 + 5000))
+    assert again.action == "retry_in_place" and "returned" not in again.reason
