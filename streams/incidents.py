@@ -154,9 +154,10 @@ class Correlator:
         for inc in self.incidents.values():
             if key in inc.members:
                 return []
-        # 1. an open incident's cause explains it: more evidence
+        # 1. an open incident's cause explains it: more evidence (not a job's symptoms from
+        # before its recovery: a node-rooted incident outlives the jobs moved off the node)
         for inc in self._by_age():
-            if explains(inc.root, f) or any(explains(m, f) for m in inc.members.values()):
+            if any(explains(m, f) for m in (inc.root, *inc.members.values()) if self._current(m)):
                 return self._attach(inc, f, now)
         # 2. it explains open incidents: it becomes their root (re-rooting the oldest)
         absorbed = [inc for inc in self._by_age() if explains(f, inc.root)]
@@ -185,6 +186,11 @@ class Correlator:
         self._add_evidence(inc, f, now)
         self.incidents[inc.incident_id] = inc
         return [self._alert(inc, "open", now)]
+
+    def _current(self, f: DetectorFinding) -> bool:
+        """Is ``f`` still evidence: not a symptom of a job from before that job recovered?"""
+        job = f.subject.job
+        return job is None or to_seconds(f.onset_time) >= self._recovered_at.get(job, float("-inf"))
 
     def _attach(self, inc: Incident, f: DetectorFinding, now: float) -> list[Alert]:
         new_kind = all(m.kind != f.kind for m in inc.members.values())

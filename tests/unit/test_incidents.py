@@ -70,3 +70,15 @@ def test_attribution_rules():
     timeout = finding("nccl_timeout", 3, Subject(job="j", rank=5, node="n2"))
     assert explains(crash, timeout) and not explains(timeout, crash)
     assert explains(finding("node_lost", 1, Subject(node="n2")), timeout.model_copy(update={"job_nodes": ["n1", "n2"]}))
+
+
+def test_a_job_moved_off_a_lost_node_gets_a_new_incident_for_its_next_failure():
+    c = Correlator()
+    [lost] = c.on_finding(finding("node_lost", 1, Subject(node="n2"), onset=10.0), 12.0)
+    c.on_finding(finding("task_hang", 2, Subject(job="j"), onset=10.5, job_nodes=["n1", "n2"]), 13.0)
+    c.recovered([], "j", 100.0, "re-planned on n1, n3")  # the node stays lost; the job moved on
+    # A later hang of the job is a new failure, not more evidence of the lost node it left.
+    [again] = c.on_finding(finding("task_hang", 2, Subject(job="j"), onset=500.0, job_nodes=["n1", "n3"]), 510.0)
+    assert again.status == "open" and again.incident_id != lost.incident_id
+    # While the node itself is still explained by its own incident.
+    assert c.on_finding(finding("node_lost", 1, Subject(node="n2"), onset=600.0), 601.0) == []
