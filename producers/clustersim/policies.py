@@ -574,6 +574,13 @@ class Vigil:
 
     def on_node_up(self, sim: Simulation, node: str) -> None:
         self.node_state(node, "repaired", "back in service")
+        # Live, the node's heartbeats resume and its XID holds run out, which clears the findings
+        # of its incidents; the probes stop at detection and never see that. An incident left
+        # open would swallow every later failure of a job placed on the node (no alert, no remedy).
+        rooted = [i for i, inc in self.correlator.incidents.items()
+                  if inc.root.subject.node == node and inc.root.subject.job is None]
+        if rooted:
+            self.deliver(self.correlator.recovered(rooted, None, sim.abs(), f"{node} back in service"))
 
     # -- re-planning (Unicron) and placement (Arnold) ---------------------------------
     def _replan_decision(self, jobs: dict[str, JobState], healthy: set[str]) -> dict[str, Any]:
