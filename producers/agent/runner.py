@@ -89,8 +89,11 @@ class Agent:
 
     def _with_samples(self, events: Sequence[Envelope]) -> list[Envelope]:
         """``events`` less the samples that now wait, plus those that waited for a heartbeat here."""
-        rest = [ev for ev in events if ev.event_type not in NODE_SAMPLE_TYPES or isinstance(ev, Heartbeat)]  # type: ignore[attr-defined]
-        waiting = [ev for ev in events if ev.event_type in NODE_SAMPLE_TYPES and not isinstance(ev, Heartbeat)]  # type: ignore[attr-defined]
+        rest: list[Envelope] = []
+        waiting: list[Envelope] = []
+        for ev in events:
+            sample = ev.event_type in NODE_SAMPLE_TYPES and not isinstance(ev, Heartbeat)  # type: ignore[attr-defined]
+            (waiting if sample else rest).append(ev)
         with self._samples_lock:
             if waiting:
                 if not self._samples:
