@@ -78,14 +78,19 @@ class Agent:
         return events + list(health)
 
     def publish(self, events: Sequence[Envelope]) -> None:
-        groups: dict[tuple[str, bytes], list[Envelope]] = {}
         if self.sample_wait_s is not None:
             events = self._with_samples(events)
+        # With a heartbeat to ride on, a node's samples and the beat make one message.
+        self._publish_groups(self._grouped(events, bundle=self.sample_wait_s is not None))
+
+    @staticmethod
+    def _grouped(events: Sequence[Envelope], bundle: bool) -> dict[tuple[str, bytes], list[Envelope]]:
+        """One group per message: by event type and key (node samples together when ``bundle``)."""
+        groups: dict[tuple[str, bytes], list[Envelope]] = {}
         for ev in events:
-            # With a heartbeat to ride on, a node's samples and the beat make one message.
-            bundled = self.sample_wait_s is not None and ev.event_type in NODE_SAMPLE_TYPES  # type: ignore[attr-defined]
-            groups.setdefault((NODE_SAMPLES if bundled else ev.event_type, message_key(ev)), []).append(ev)  # type: ignore[attr-defined]
-        self._publish_groups(groups)
+            kind = NODE_SAMPLES if bundle and ev.event_type in NODE_SAMPLE_TYPES else ev.event_type  # type: ignore[attr-defined]
+            groups.setdefault((kind, message_key(ev)), []).append(ev)
+        return groups
 
     def _with_samples(self, events: Sequence[Envelope]) -> list[Envelope]:
         """``events`` less the samples that now wait, plus those that waited for a heartbeat here."""
@@ -110,10 +115,7 @@ class Agent:
             if not self._samples or time.monotonic() - self._samples_since < older_than_s:
                 return
             alone, self._samples = self._samples, []
-        groups: dict[tuple[str, bytes], list[Envelope]] = {}
-        for ev in alone:
-            groups.setdefault((ev.event_type, message_key(ev)), []).append(ev)  # type: ignore[attr-defined]
-        self._publish_groups(groups)
+        self._publish_groups(self._grouped(alone, bundle=False))
 
     def _publish_groups(self, groups: dict[tuple[str, bytes], list[Envelope]]) -> None:
         for (kind, _), group in groups.items():
