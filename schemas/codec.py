@@ -91,9 +91,10 @@ def _fast(raw: bytes) -> list[Envelope] | None:
     # Every event states its version (a missing one is not guessed).
     if not types or len(_VERSION_MARK.findall(raw)) < len(marks):
         return None
-    models = tuple(sorted((EVENT_TYPES.get(t.decode()) for t in types), key=lambda m: m.__name__ if m else ""))
-    if None in models:
+    found = [EVENT_TYPES.get(t.decode()) for t in types]
+    if None in found:
         return None
+    models = tuple(sorted(found, key=lambda m: m.__name__))  # type: ignore[union-attr]
     try:
         if raw.lstrip()[:1] == b"[":
             events = _list_adapter(models).validate_json(raw)
