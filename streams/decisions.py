@@ -61,6 +61,12 @@ RUNG_SEVERITY = {"retry_in_place": 3, "restart_process": 2, "reconfigure": 1, "n
 RECOVERING = {"retry_in_place", "restart_process", "reconfigure", "checkpoint_restart", "isolate_node"}
 
 
+#: How grave each recovering remedy is, as a ladder rung (a checkpoint-restart restarts the
+#: job; isolating a node moves its jobs, as a reconfiguration does).
+RUNG = {**{a: i for i, a in enumerate(LADDER)}, "checkpoint_restart": LADDER.index("restart_process"),
+        "isolate_node": LADDER.index("reconfigure")}
+
+
 @dataclass
 class _Decided:
     job: str | None
@@ -70,6 +76,8 @@ class _Decided:
     at: float
     culprit: str | None = None  # the node the failure was seen on, to exclude when re-planning
     started_at: float | None = None
+    #: a graver remedy of the same job took over this one's failures: its own failure climbs nothing
+    superseded: bool = False
 
 
 @dataclass
@@ -131,6 +139,9 @@ class DecisionEngine:
         #: job -> the remedy under way (no final result yet): a second failure of the job it covers
         #: joins it instead of starting another (a crash and its peers' errors are one restart).
         self._inflight: dict[str, uuid.UUID] = {}
+        #: job -> (when, ladder rung) of its last remedy that worked: a failure that began before
+        #: belongs to what it cured
+        self._recovered_at: dict[str, tuple[float, int]] = {}
         #: job -> (slow node, healthy and slow iteration time, slowdown class) of its fail-slow
         self._failslow_ctx: dict[str, tuple[str | None, float, float, str]] = {}
 
@@ -163,21 +174,50 @@ class DecisionEngine:
             return []
         out: list[Envelope] = []
         began = min(now, to_seconds(alert.onset_time))
+        if alert.subject.job is not None and began < self._recovered_at.get(alert.subject.job, (float("-inf"),))[0]:
+            # A symptom of the job from before its last remedy worked (a peer's broken connection
+            # that waited to settle, seen after the restart): that remedy answered it already.
+            if self._recovered is None:
+                return []
+            return list(self._recovered([alert.incident_id], alert.subject.job, now,
+                                        "began before the job's last recovery, which answered it"))
         for job in jobs:
             action = self.escalation.next_action(job, alert.kind, alert.severity, now, began=began)
-            running = self._decided.get(self._inflight.get(job))  # type: ignore[arg-type]
-            if running is not None and running.action in LADDER and \
-                    LADDER.index(running.action) >= LADDER.index(action) and now - running.at < self.inflight_timeout_s:
-                if alert.incident_id not in running.answers:
-                    running.answers.append(alert.incident_id)
-                continue
+            answers = [alert.incident_id]
+            running = self._running(job, now)
+            if running is not None:
+                if LADDER.index(running.action) >= LADDER.index(action):
+                    if alert.incident_id not in running.answers:
+                        running.answers.append(alert.incident_id)
+                    continue
+                # a graver remedy replaces the one under way (a retry of a peer, then the crash that
+                # caused it): it answers that one's failures, and that one failing escalates nothing
+                running.superseded = True
+                answers += [i for i in running.answers if i not in answers]
             history = self.escalation.history(job, alert.kind)
             why = f"sev{alert.severity} {alert.kind}"
             if history and self.escalation.returned(job, alert.kind, began):
                 why += f" returned within {self.escalation.window_s:.0f} s of {history[-1][1]}"
-            out += self._remedy(job, alert.kind, action, [alert.incident_id], now, f"{why}: {action}",
-                                source_alert=alert)
+            out += self._remedy(job, alert.kind, action, answers, now, f"{why}: {action}", source_alert=alert)
         return out
+
+    def _cured_since(self, decided: _Decided) -> bool:
+        """Did a remedy at least as grave work for the job after ``decided`` was decided?
+
+        Then ``decided`` failing (a retry sent to a rank the restart had
+        already replaced) is no reason to climb the ladder.
+        """
+        if decided.job is None or decided.action not in RECOVERING:
+            return False
+        at, rung = self._recovered_at.get(decided.job, (float("-inf"), -1))
+        return decided.at < at and RUNG[decided.action] <= rung
+
+    def _running(self, job: str, now: float) -> _Decided | None:
+        """The ladder remedy of ``job`` under way: decided, no final result yet, not timed out."""
+        running = self._decided.get(self._inflight.get(job))  # type: ignore[arg-type]
+        if running is None or running.action not in LADDER or now - running.at >= self.inflight_timeout_s:
+            return None
+        return running
 
     def _on_degradation(self, alert: Alert, now: float) -> list[Envelope]:
         slow = [e for e in alert.evidence if e.get("kind") == "fail_slow" and e.get("before") and e.get("after")]
@@ -235,9 +275,13 @@ class DecisionEngine:
             return []
         if decided.job is not None and self._inflight.get(decided.job) == result.decision_id:
             del self._inflight[decided.job]
+        if result.state == "succeeded" and decided.started_at is not None:
+            self.mitigation.observe_duration(decided.action, now - decided.started_at)
+        if decided.superseded or self._cured_since(decided):
+            return []  # what it answered is the graver remedy's, or was cured since it was decided
         if result.state == "succeeded":
-            if decided.started_at is not None:
-                self.mitigation.observe_duration(decided.action, now - decided.started_at)
+            if decided.action in RECOVERING and decided.job is not None:
+                self._recovered_at[decided.job] = (now, RUNG[decided.action])
             if decided.action in RECOVERING and self._recovered is not None and decided.answers:
                 return list(self._recovered(decided.answers, decided.job, now,
                                             f"recovered by {decided.action} (decision {result.decision_id})"))

@@ -115,7 +115,8 @@ def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, 
         assert crash.kind in ("process_exit", "connection_reset", "task_hang")
         assert wait_for(lambda: succeeded(restart), 60, poll), (results, agent_log.read_text()[-3000:])
         killed_at = max(s for s, _ in progress(ckpt).values())
-        assert wait_for(lambda: steps_after(1, killed_at + 5), 90), progress(ckpt)
+        assert wait_for(lambda: steps_after(1, killed_at + 5), 90, poll), \
+            (progress(ckpt), decisions, alerts, agent_log.read_text()[-3000:])
         restarts, first_step = resumed(ckpt)[-1]
         assert restarts == 1 and first_step > 0 and first_step % 5 == 0 and first_step <= killed_at
         assert wait_for(lambda: any(a.incident_id == crash.incident_id and a.status == "resolved" for a in alerts),

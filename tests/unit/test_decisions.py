@@ -139,9 +139,12 @@ def test_redelivery_and_updates_do_not_decide_twice_and_ids_are_deterministic():
     # the incident gets worse: a sev1 cause took it over
     (d3,) = e1.on_alert(alert("node_lost", 1, incident=inc, status="update", version=3), 8)
     assert d3.action == "reconfigure"
+    # the restart it replaced failing climbs nothing: the reconfiguration answers its failure
+    assert e1.on_action_result(result(d1, "failed", "node gone"), 9) == []
     # a result delivered twice is applied once
-    r = result(d1, "failed", "boom")
-    assert len(decisions(e1.on_action_result(r, 9))) == 1 and e1.on_action_result(r, 9) == []
+    r = result(d3, "failed", "boom")
+    assert [d.action for d in decisions(e1.on_action_result(r, 10))] == ["notify_human"]
+    assert e1.on_action_result(r, 10) == []
 
 
 def failslow_alert(job: str, cls: str, before: float, after: float, incident: uuid.UUID | None = None) -> Alert:
@@ -259,3 +262,39 @@ def test_a_failure_that_returned_soon_but_was_seen_late_still_climbs():
     fresh = alert("nccl_timeout", 3, rank=1).model_copy(update={"onset_time": from_seconds(t0 + 5000)})
     (again,) = decisions(eng.on_alert(fresh, t0 + 5000))
     assert again.action == "retry_in_place" and "returned" not in again.reason
+
+
+def test_a_retry_of_a_peer_overtaken_by_the_crash_that_caused_it_climbs_nothing():
+    """The peer's broken connection settles before the crash is known: retry, then restart — one restart."""
+    eng = DecisionEngine(settle_s=1.0)
+    inc = uuid.uuid4()
+    assert eng.on_alert(alert("connection_reset", 3, rank=1, incident=inc), 0.0) == []
+    (retry,) = decisions(eng.tick(1.0))
+    assert retry.action == "retry_in_place"
+    (restart,) = decisions(eng.on_alert(alert("process_exit", 2, rank=2, incident=inc, status="update", version=2), 1.2))
+    assert restart.action == "restart_process" and restart.answers == [inc]
+    # the retry reaches a rank the restart is replacing: its failure is not the job's
+    assert eng.on_action_result(result(retry, "failed", "rank 1: no control socket"), 1.3) == []
+    eng.on_action_result(result(restart, "succeeded"), 5.0)
+    # the same, with the retry's failure heard after the restart worked
+    eng2 = DecisionEngine(settle_s=0)
+    (retry2,) = decisions(eng2.on_alert(alert("nccl_timeout", 3, rank=1), 0.0))
+    (restart2,) = decisions(eng2.on_alert(alert("process_exit", 2, rank=2), 0.5))
+    eng2.on_action_result(result(restart2, "succeeded"), 2.0)
+    assert eng2.on_action_result(result(retry2, "timed_out"), 30.0) == []
+
+
+def test_a_symptom_that_settles_after_its_job_recovered_is_resolved_not_answered():
+    told = []
+    eng = DecisionEngine(settle_s=1.0, recovered=lambda ids, job, at, why: told.append((ids, job, why)) or [])
+    t0 = 1_700_000_000.0  # the symptom's onset (see alert())
+    (restart,) = decisions(eng.on_alert(alert("process_exit", 2, rank=2), t0 + 0.1))
+    peer = alert("connection_reset", 3, rank=1)
+    assert eng.on_alert(peer, t0 + 0.2) == []
+    eng.on_action_result(result(restart, "succeeded"), t0 + 0.5)
+    assert decisions(eng.tick(t0 + 1.5)) == []
+    assert told[-1][:2] == ([peer.incident_id], "gpt") and "before the job's last recovery" in told[-1][2]
+    # a failure that begins after the recovery is answered, as the same failure returning
+    back = alert("process_exit", 2, rank=2).model_copy(update={"onset_time": from_seconds(t0 + 9)})
+    (again,) = decisions(eng.on_alert(back, t0 + 9.1))
+    assert again.action == "restart_process" and "returned" in again.reason
