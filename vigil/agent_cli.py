@@ -155,7 +155,9 @@ def agent(
         env = {"VIGIL_HOOKS_SOCKET": str(sock)}
         if control_dir is not None:
             env["VIGIL_CONTROL_DIR"] = str(control_dir)
-        supervisor = ProcessSupervisor(0.5, source, command, nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+        # A crashed rank's exit must reach the detectors before its peers' broken connections
+        # have waited out their settling time (1 s): polling its children costs one waitpid each.
+        supervisor = ProcessSupervisor(0.1, source, command, nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                                        master_addr=master_addr, master_port=master_port, env=env)
         collectors.append(supervisor)
     stop = threading.Event()
