@@ -11,7 +11,10 @@ actuator never acts twice.
 Action results feed back: a failed or timed-out remedy climbs the ladder; a
 remedy that worked resolves the incidents it answered ("recovered by ..."),
 so a failure that comes back afterwards is a new incident, seen as the same
-failure returning; the durations of finished actions teach the ski-rental
+failure returning, while a symptom that began before it is resolved, not
+answered. A graver remedy decided while a milder one is under way takes over
+the milder one's incidents, and the milder one failing then climbs nothing
+(nor does a remedy that fails after one as grave, decided later, worked); the durations of finished actions teach the ski-rental
 overheads, and the durations of finished fail-slows (from the alert's onset to
 its resolution; a lower bound when a strategy or a remedy acted on the job
 meanwhile, completed when the straggler node that a checkpoint-restart
@@ -277,8 +280,8 @@ class DecisionEngine:
             del self._inflight[decided.job]
         if result.state == "succeeded" and decided.started_at is not None:
             self.mitigation.observe_duration(decided.action, now - decided.started_at)
-        if decided.superseded or self._cured_since(decided):
-            return []  # what it answered is the graver remedy's, or was cured since it was decided
+        if decided.superseded:
+            return []  # what it answered is the graver remedy's to resolve or escalate
         if result.state == "succeeded":
             if decided.action in RECOVERING and decided.job is not None:
                 self._recovered_at[decided.job] = (now, RUNG[decided.action])
@@ -286,6 +289,8 @@ class DecisionEngine:
                 return list(self._recovered(decided.answers, decided.job, now,
                                             f"recovered by {decided.action} (decision {result.decision_id})"))
             return []
+        if self._cured_since(decided):
+            return []  # it failed, but a remedy as grave decided after it has worked since
         if result.state in ("failed", "timed_out") and decided.job is not None and decided.action in LADDER:
             nxt = self.escalation.failed(decided.job, decided.kind, decided.action, now)
             why = f"{decided.action} {result.state}: {result.detail[:300]}"
