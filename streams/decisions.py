@@ -283,10 +283,13 @@ class DecisionEngine:
         if decided.superseded:
             return []  # what it answered is the graver remedy's to resolve or escalate
         if result.state == "succeeded":
+            # When the remedy took effect, as the actuator stamped it, not when its result got here:
+            # a relaunched rank that fails at once fails after the restart, however late this is heard.
+            done = min(now, to_seconds(result.event_time))
             if decided.action in RECOVERING and decided.job is not None:
-                self._recovered_at[decided.job] = (now, RUNG[decided.action])
+                self._recovered_at[decided.job] = (done, RUNG[decided.action])
             if decided.action in RECOVERING and self._recovered is not None and decided.answers:
-                return list(self._recovered(decided.answers, decided.job, now,
+                return list(self._recovered(decided.answers, decided.job, done,
                                             f"recovered by {decided.action} (decision {result.decision_id})"))
             return []
         if self._cured_since(decided):

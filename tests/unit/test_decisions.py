@@ -21,8 +21,9 @@ def alert(kind: str, severity: int, *, job: str | None = "gpt", node: str | None
                  onset_time=t, detection_time=t, evidence=evidence or [], detector="test", detector_version="1")
 
 
-def result(decision: Decision, state: str, detail: str = "") -> ActionResult:
-    return ActionResult(event_time=from_seconds(1_700_000_000), source=Source(), decision_id=decision.decision_id,
+def result(decision: Decision, state: str, detail: str = "", at: float = 1_700_000_000) -> ActionResult:
+    """The actuator's report, stamped ``at`` (when the action ended)."""
+    return ActionResult(event_time=from_seconds(at), source=Source(), decision_id=decision.decision_id,
                         state=state, backend="local", detail=detail)
 
 
@@ -291,10 +292,15 @@ def test_a_symptom_that_settles_after_its_job_recovered_is_resolved_not_answered
     (restart,) = decisions(eng.on_alert(alert("process_exit", 2, rank=2), t0 + 0.1))
     peer = alert("connection_reset", 3, rank=1)
     assert eng.on_alert(peer, t0 + 0.2) == []
-    eng.on_action_result(result(restart, "succeeded"), t0 + 0.5)
+    eng.on_action_result(result(restart, "succeeded", at=t0 + 0.4), t0 + 0.5)
     assert decisions(eng.tick(t0 + 1.5)) == []
     assert told[-1][:2] == ([peer.incident_id], "gpt") and "before the job's last recovery" in told[-1][2]
     # a failure that begins after the recovery is answered, as the same failure returning
     back = alert("process_exit", 2, rank=2).model_copy(update={"onset_time": from_seconds(t0 + 9)})
     (again,) = decisions(eng.on_alert(back, t0 + 9.1))
     assert again.action == "restart_process" and "returned" in again.reason
+    # ... even when it began before the restart's success was heard: the restart had ended
+    eng.on_action_result(result(again, "succeeded", at=t0 + 10.0), t0 + 12.0)
+    crashloop = alert("process_exit", 2, rank=0).model_copy(update={"onset_time": from_seconds(t0 + 10.3)})
+    (climb,) = decisions(eng.on_alert(crashloop, t0 + 12.1))
+    assert climb.action == "restart_process" and "returned" in climb.reason
