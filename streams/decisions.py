@@ -14,7 +14,8 @@ so a failure that comes back afterwards is a new incident, seen as the same
 failure returning, while a symptom that began before it is resolved, not
 answered. A graver remedy decided while a milder one is under way takes over
 the milder one's incidents, and the milder one failing then climbs nothing
-(nor does a remedy that fails after one as grave, decided later, worked); the durations of finished actions teach the ski-rental
+(nor does a remedy that fails after one as grave, decided later, worked).
+The durations of finished actions teach the ski-rental
 overheads, and the durations of finished fail-slows (from the alert's onset to
 its resolution; a lower bound when a strategy or a remedy acted on the job
 meanwhile, completed when the straggler node that a checkpoint-restart
@@ -68,6 +69,7 @@ RECOVERING = {"retry_in_place", "restart_process", "reconfigure", "checkpoint_re
 #: job; isolating a node moves its jobs, as a reconfiguration does).
 RUNG = {**{a: i for i, a in enumerate(LADDER)}, "checkpoint_restart": LADDER.index("restart_process"),
         "isolate_node": LADDER.index("reconfigure")}
+_NEVER = (float("-inf"), -1)  # (when, rung) of a job no remedy has cured yet
 
 
 @dataclass
@@ -177,7 +179,7 @@ class DecisionEngine:
             return []
         out: list[Envelope] = []
         began = min(now, to_seconds(alert.onset_time))
-        if alert.subject.job is not None and began < self._recovered_at.get(alert.subject.job, (float("-inf"),))[0]:
+        if alert.subject.job is not None and began < self._recovered_at.get(alert.subject.job, _NEVER)[0]:
             # A symptom of the job from before its last remedy worked (a peer's broken connection
             # that waited to settle, seen after the restart): that remedy answered it already.
             if self._recovered is None:
@@ -212,7 +214,7 @@ class DecisionEngine:
         """
         if decided.job is None or decided.action not in RECOVERING:
             return False
-        at, rung = self._recovered_at.get(decided.job, (float("-inf"), -1))
+        at, rung = self._recovered_at.get(decided.job, _NEVER)
         return decided.at < at and RUNG[decided.action] <= rung
 
     def _running(self, job: str, now: float) -> _Decided | None:
