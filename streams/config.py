@@ -27,6 +27,8 @@ class StreamConfig:
     escalation_window_s: float = 600.0
     #: Restarts tried for one failure within the window before reconfiguring.
     max_restarts: int = 3
+    #: Where faust may keep files; its tables live in memory, so unset means a temporary directory.
+    data_dir: str | None = None
 
     def kafka_conf(self, **extra: Any) -> dict[str, Any]:
         """librdkafka configuration for this cluster, plus ``extra``."""

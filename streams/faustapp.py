@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+import tempfile
 from typing import Any
 
 import faust
@@ -70,7 +71,13 @@ def _credentials(config: StreamConfig) -> Any:
 
 
 def create_app(config: StreamConfig, app_id: str | None = None, **overrides: Any) -> VigilApp:
+    # faust's default datadir is "<app id>-data" in the working directory: one
+    # stray directory per group id wherever a worker runs, though no table is on disk.
+    scratch = None
+    if config.data_dir is None:
+        scratch = tempfile.TemporaryDirectory(prefix="vigil-faust-")
     settings: dict[str, Any] = dict(
+        datadir=config.data_dir or scratch.name,
         broker=[f"kafka://{host}" for host in config.bootstrap.split(",")],
         broker_credentials=_credentials(config),
         # tansu (like Kafka) joins a group in about half the session timeout.
@@ -90,4 +97,5 @@ def create_app(config: StreamConfig, app_id: str | None = None, **overrides: Any
     settings.update(overrides)
     app = VigilApp(app_id or config.group_id, **settings)
     app.fetch_max_wait_ms = config.fetch_max_wait_ms
+    app.scratch_dir = scratch  # type: ignore[attr-defined]  # removed with the app
     return app

@@ -35,6 +35,7 @@ def stream_config(settings: Settings, bootstrap: str, **overrides: Any) -> Strea
         heartbeat_missed_intervals=settings.heartbeat_missed_intervals,
         recovery_window_s=settings.recovery_window_s, decide=settings.decide,
         escalation_window_s=settings.escalation_window_s, max_restarts=settings.max_restarts,
+        data_dir=str(settings.state_dir / "faust"),
     )
     values.update(overrides)
     return StreamConfig(**values)
