@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import compress
@@ -243,16 +244,12 @@ class HistoryStore:
                     times = data[names.index(TABLE_SPECS[event_type].time_column)]  # microseconds
                     stored = self._stored_ids(event_type, batch, min(times), max(times))
                     keep = [key not in stored for key in batch] if stored else None
-                    # A nullable column that is NULL in every row is left out: ClickHouse fills
-                    # it with its default, NULL, for less than clickhouse-connect takes to write it.
-                    nullable = _NULLABLE[event_type]
-                    columns_in = [i for i, values in enumerate(data) if i not in nullable
-                                  or values[0] is not None or values.count(None) != len(values)]
-                    insert = [data[i] if keep is None else list(compress(data[i], keep)) for i in columns_in]
+                    names_in, columns_in = insertable_columns(event_type, names, data)
+                    insert = columns_in if keep is None else [list(compress(values, keep)) for values in columns_in]
                     fresh = len(insert[0])
                     if fresh:
                         self._client.insert(table_name(event_type, self.database), insert,
-                                            column_names=[names[i] for i in columns_in], column_oriented=True,
+                                            column_names=names_in, column_oriented=True,
                                             settings=_insert_settings(event_type))
                         written += fresh
                 finally:
@@ -271,9 +268,26 @@ class HistoryStore:
     #: (100k ids: ~50 s, measured with chDB 26).
     _IN_CHUNK = 10_000
 
-    def _stored_ids(self, event_type: str, batch: dict[int, Envelope], first_us: int, last_us: int) -> set[int]:
-        """The ids (as ints) of ``batch`` (id int -> event), whose times span [first_us, last_us]
-        (microseconds since the epoch), that are stored already."""
+    def insert_block(self, block: Any) -> int | None:
+        """Insert a block prepared by :mod:`streams.sinkprep`; return the rows written, or None
+        (nothing written) when some of its ids may be stored already: the caller then
+        inserts its events with :meth:`insert_events`, which leaves those out."""
+        keys = dict.fromkeys(block.keys)
+        with gc_paused():
+            for known in (self._recent_ids, self._older_ids):
+                if known and not known.keys().isdisjoint(keys):
+                    return None
+            with self._lock:
+                if self._stored_ids(block.event_type, keys, block.first_us, block.last_us):
+                    return None
+                self._client.raw_insert(table_name(block.event_type, self.database), block.column_names,
+                                        block.native, settings=_insert_settings(block.event_type), fmt="Native")
+                self._remember(keys)
+        return len(keys)
+
+    def _stored_ids(self, event_type: str, batch: dict[int, Any], first_us: int, last_us: int) -> set[int]:
+        """The ids of ``batch`` (a dict keyed by event ids as ints), whose times span
+        [first_us, last_us] (microseconds since the epoch), that are stored already."""
         table, time_col = table_name(event_type, self.database), TABLE_SPECS[event_type].time_column
         lo, hi = _EPOCH + timedelta(microseconds=first_us - 1), _EPOCH + timedelta(microseconds=last_us + 1)
         # Typed parameters: the %(x)s form renders datetimes to whole seconds and
@@ -294,7 +308,7 @@ class HistoryStore:
         for i in range(0, len(keys), self._IN_CHUNK):
             result = self._client.query(
                 f"SELECT event_id FROM {table} WHERE {where} AND event_id IN {{ids:Array(UUID)}}",
-                parameters={"lo": lo, "hi": hi, "ids": [batch[k].event_id for k in keys[i:i + self._IN_CHUNK]]},
+                parameters={"lo": lo, "hi": hi, "ids": [uuid.UUID(int=k) for k in keys[i:i + self._IN_CHUNK]]},
             )
             stored.update(row[0].int for row in result.result_rows)
         return stored
@@ -339,6 +353,15 @@ _NO_OPTIMIZE_ON_INSERT = {"optimize_on_insert": 0}
 _FEEDS_ROLLUPS = frozenset(source for rollup in ROLLUPS for _, source, _ in rollup.feeds)
 _ID_INT = attrgetter("event_id.int")
 _EVENT_TYPE = attrgetter("event_type")
+def insertable_columns(event_type: str, names: list[str], data: list[list[Any]]) -> tuple[list[str], list[list[Any]]]:
+    """The columns of a batch worth sending: a nullable column that is NULL in every row is
+    left out, as ClickHouse fills it with its default, NULL, for less than it costs to write."""
+    nullable = _NULLABLE[event_type]
+    kept = [i for i, values in enumerate(data)
+            if i not in nullable or values[0] is not None or values.count(None) != len(values)]
+    return [names[i] for i in kept], [data[i] for i in kept]
+
+
 #: Column indexes, per event type, of the columns that may hold NULL (and default to it).
 _NULLABLE: dict[str, frozenset[int]] = {
     event_type: frozenset(i for i, c in enumerate(columns(event_type))

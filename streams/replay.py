@@ -73,5 +73,5 @@ def replay(config: StreamConfig, store: HistoryStore, since: datetime | None = N
             if (done and now - last_message > 0.5) or now - last_message > idle_s:
                 break
     finally:
-        consumer.close()
+        sink.close()  # (and its decoding processes)
     return ReplayResult(partitions=len(tps), seconds=time.monotonic() - started, stats=sink.stats)

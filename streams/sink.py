@@ -8,6 +8,12 @@ Offsets are committed only after the batch is stored (at-least-once); the
 store drops ids it already holds, so redelivery never makes a duplicate row.
 A message that does not decode is stored as a dead letter, with its reason
 and raw bytes, and the sink goes on.
+
+Decoding and serializing are most of the work: for a large batch they run in
+a pool of processes (:mod:`streams.sinkprep`) while this thread inserts the
+chunks already prepared. Whatever the fast path cannot take (a bad message, a
+block whose ids may be stored already, a value the store refuses) goes the
+careful way here, event by event.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import logging
 import re
 import threading
 import time
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, Callable, Iterator, TypeVar
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
@@ -25,8 +33,17 @@ from schemas import Envelope, all_topic_names, decode
 from streams.config import StreamConfig
 from streams.history import HistoryStore, gc_paused, gc_resumed
 from streams.kafka import dead_letter, refused_event
+from streams.sinkprep import Block, Prepared, default_processes, new_pool, prepare
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Messages are prepared in chunks of about this many bytes: large enough that an
+#: insert's fixed cost is small, small enough that inserting overlaps preparing.
+CHUNK_BYTES = 8 << 20
+#: A batch smaller than this is prepared in the sink's own thread (no round trip).
+POOL_MIN_BYTES = 1 << 20
 
 
 @dataclass
@@ -36,6 +53,8 @@ class SinkStats:
     duplicates: int = 0
     dead_letters: int = 0
     batches: int = 0
+    #: Chunks of messages decoded by the pool of processes (the rest, in the sink's thread).
+    pooled_chunks: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -72,9 +91,13 @@ class HistorySink:
     def __init__(self, config: StreamConfig, store: HistoryStore, *, group_id: str | None = None,
                  batch_size: int = 5000, poll_timeout_s: float = 0.2, min_batch: int = 100,
                  retry_initial_s: float = 0.2,
-                 retry_max_s: float = 10.0, subscribe: bool = True, extra_conf: dict[str, Any] | None = None) -> None:
+                 retry_max_s: float = 10.0, subscribe: bool = True, extra_conf: dict[str, Any] | None = None,
+                 decode_processes: int | None = None) -> None:
         self.config = config
         self.store = store
+        #: Worker processes that decode large batches (0: decode in this thread).
+        self.decode_processes = default_processes() if decode_processes is None else decode_processes
+        self._pool: Executor | None = None
         self.retry_initial_s = retry_initial_s
         self.retry_max_s = retry_max_s
         self.batch_size = batch_size
@@ -134,7 +157,14 @@ class HistorySink:
             log.exception("history sink stopped")
             raise
         finally:
-            self._consumer.close()
+            self.close()
+
+    def close(self) -> None:
+        """Leave the consumer group and stop the decoding processes (:meth:`run` does it on its way out)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+        self._consumer.close()
 
     @property
     def alive(self) -> bool:
@@ -152,9 +182,15 @@ class HistorySink:
         return len(messages)
 
     def _handle(self, messages: list) -> None:
+        kept, offsets = self._select(messages)
         try:
-            events, offsets = self._decode(messages)
-            self._store_with_retry(events)
+            for chunk, prepared in self._prepared(kept):
+                careful = set(prepared.careful)
+                for block in prepared.blocks:
+                    if self._retrying(partial(self._store_block, block)) is None:
+                        careful.update(block.messages)
+                if careful:
+                    self._store_with_retry(self._decode([chunk[i] for i in sorted(careful)]))
         finally:
             self._origins = []  # (keeps no event alive past the batch)
         if offsets and self.commit_offsets:
@@ -183,11 +219,14 @@ class HistorySink:
             messages.extend(more)
         return messages
 
-    def _decode(self, messages: list) -> tuple[list[Envelope], dict[tuple[str, int], int]]:
-        """The batch's events (dead letters for what does not decode) and the offsets to commit after it."""
-        events: list[Envelope] = []
+    def _select(self, messages: list) -> tuple[list, dict[tuple[str, int], int]]:
+        """The messages of the batch to store, and the offsets to commit after it.
+
+        Consume errors and end-of-partition marks are not messages; a replay
+        also leaves out the messages outside its time range.
+        """
+        kept: list = []
         offsets: dict[tuple[str, int], int] = {}
-        self._origins = []
         for msg in messages:
             if msg.error():
                 if msg.error().code() == KafkaError._PARTITION_EOF:
@@ -205,23 +244,93 @@ class HistorySink:
                         (topic, partition) in self.finished or (ts is not None and ts * 1000 > self.until_ms)):
                     self.finished.add((topic, partition))
                     continue
+            kept.append(msg)
+            offsets[(topic, partition)] = offset + 1
+        return kept, offsets
+
+    def _prepared(self, messages: list) -> Iterator[tuple[list, Prepared]]:
+        """``messages`` in chunks, each with its prepared blocks, in order.
+
+        A large batch is prepared by the pool, every chunk at once, so that
+        the chunks after the first are ready while this thread inserts.
+        """
+        chunks: list[list] = [[]]
+        size = total = 0
+        for msg in messages:
+            if size >= CHUNK_BYTES:
+                chunks.append([])
+                size = 0
+            chunks[-1].append(msg)
+            length = len(msg.value() or b"")
+            size += length
+            total += length
+        pool = self._pool_for(total)
+        if pool is None:
+            for chunk in chunks:
+                yield chunk, prepare([m.value() for m in chunk])
+            return
+        futures: list[Future] = [pool.submit(prepare, [m.value() for m in chunk]) for chunk in chunks]
+        for chunk, future in zip(chunks, futures):
+            try:
+                prepared = future.result()
+            except Exception as exc:  # noqa: BLE001 - a worker died (killed, out of memory): go on without the pool
+                log.error("history sink: a decoding process failed (%s); decoding in this thread from now on", exc)
+                self.decode_processes = 0
+                prepared = prepare([m.value() for m in chunk])
+            else:
+                self.stats.pooled_chunks += 1
+            yield chunk, prepared
+
+    def _pool_for(self, batch_bytes: int) -> Executor | None:
+        if self.decode_processes <= 0 or batch_bytes < POOL_MIN_BYTES:
+            return None
+        return self.start_decoding_processes()
+
+    def start_decoding_processes(self) -> Executor | None:
+        """Start the decoding processes now rather than with the first large batch (a second or so)."""
+        if self._pool is None and self.decode_processes > 0:
+            self._pool = new_pool(self.decode_processes)
+        return self._pool
+
+    def _decode(self, messages: list) -> list[Envelope]:
+        """The events of ``messages``, with a dead letter for each item that does not decode."""
+        events: list[Envelope] = []
+        self._origins = []
+        for msg in messages:
+            topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             decoded = decode(msg.value())
             events.extend(decoded.events)
             self._origins.append(((topic, partition, offset), decoded.events))
             for err in decoded.errors:
                 events.append(dead_letter(err, topic, partition, offset, _timestamp(msg)))
                 self.stats.dead_letters += 1
-            offsets[(topic, partition)] = offset + 1
-        return events, offsets
+        return events
+
+    def _store_block(self, block: Block) -> int | None:
+        """Insert a prepared block; None when it must go the careful way (ids that may be
+        stored already, or a value the store refuses)."""
+        try:
+            written = self.store.insert_block(block)
+        except Exception as exc:  # clickhouse-connect raises many types; classified here
+            if _store_unavailable(exc) or not self.store.healthy():
+                raise _StoreDown(str(exc)) from exc
+            log.warning("history store refused a block of %d %s events (%s); storing them one by one",
+                        len(block.keys), block.event_type, str(exc)[:200])
+            return None
+        if written is not None:
+            self.stats.stored += written
+        return written
 
     def _store_with_retry(self, events: list[Envelope]) -> None:
+        self._retrying(lambda: self._store(events))
+
+    def _retrying(self, attempt: Callable[[], T]) -> T:
         # Offsets stay uncommitted until the store takes the batch: nothing is lost
         # while ClickHouse is down, the sink just falls behind.
         delay = self.retry_initial_s
         while True:
             try:
-                self._store(events)
-                return
+                return attempt()
             except _StoreDown as exc:
                 self.stats.errors.append(str(exc)[:500])
                 log.error("history store unavailable, retrying in %.1f s: %s", delay, exc)

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     tick_interval_s: float = Field(0.1, gt=0, description="How often timer-driven detectors are ticked.")
 
     recovery_window_s: float = Field(600.0, ge=0, description="Log replayed to rebuild state on takeover.")
+    sink_decode_processes: int | None = Field(
+        None, ge=0, description="Processes the history sink decodes large batches in; "
+        "default: one per core, up to 4; 0 = in the sink's own thread.")
 
     # -- detector defaults ---------------------------------------------------
     hang_k: float = Field(3.0, gt=1, description="Hang: no iteration within k x the mean iteration time.")

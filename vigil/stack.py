@@ -165,7 +165,7 @@ class EmbeddedStack:
             raise StackError(str(exc)) from exc
         self.store.migrate(s.telemetry_ttl_days, s.telemetry_ttl_overrides)
         if self.with_sink:
-            self.sink = HistorySink(self.config, self.store).start()
+            self.sink = HistorySink(self.config, self.store, decode_processes=s.sink_decode_processes).start()
         query_url = None
         if self.with_query_server:
             handler = type("QueryHandler", (_QueryHandler,), {"store": self.store})

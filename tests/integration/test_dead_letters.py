@@ -87,11 +87,16 @@ def test_each_kind_of_bad_input_is_dead_lettered_and_processing_continues(config
     # The history sink stores the same dead letters once each, and the good heartbeats.
     sink = HistorySink(config, history, group_id=f"{config.group_id}-sink").start()
     try:
-        def stored():
-            n = history.query(f"SELECT count() FROM {history.database}.dead_letters").rows[0][0]
-            return n == len(bad_inputs) + 1
-        assert wait_for(stored, 30)
-        rows = history.query(f"SELECT node, count() FROM {history.database}.heartbeats GROUP BY node ORDER BY node").rows
-        assert rows == [("batch-node", 3), ("good-node", 5), ("skewed-node", 1)]
+        def dead_letters():
+            return history.query(f"SELECT count() FROM {history.database}.dead_letters").rows[0][0]
+
+        def heartbeats():
+            return history.query(f"SELECT node, count() FROM {history.database}.heartbeats "
+                                 "GROUP BY node ORDER BY node").rows
+
+        # (Clean messages and bad ones are stored by separate inserts: wait for both.)
+        expected = [("batch-node", 3), ("good-node", 5), ("skewed-node", 1)]
+        assert wait_for(lambda: dead_letters() == len(bad_inputs) + 1 and heartbeats() == expected, 30), \
+            (dead_letters(), heartbeats())
     finally:
         sink.stop()

@@ -5,8 +5,11 @@ from __future__ import annotations
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from schemas import Alert, GpuTelemetry, Heartbeat, IterationStep, Source, Subject
+import pytest
+
+from schemas import Alert, Decision, GpuTelemetry, Heartbeat, IterationStep, Source, Subject, encode_batch
 from schemas.tables import columns, rows
+from streams.sinkprep import prepare
 
 T0 = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
 
@@ -37,6 +40,48 @@ def test_rows_read_back_as_the_models_hold_them_with_null_columns_null(history):
     assert history.insert_events(gpus + alerts) == 23  # a batch of two types
     assert _stored(history, "gpu_telemetry", "gpu_telemetry") == _expected("gpu_telemetry", gpus)
     assert _stored(history, "alerts", "alert") == _expected("alert", alerts)
+
+
+def _mixed_events() -> dict[str, list]:
+    step = dict(source=Source(job="j"), start=T0, end=T0 + timedelta(seconds=10), duration_s=10.0, ranks=[0, 1],
+                nodes=["n1", "n2"], gpus=[0, 0], compute_s=[7.0, 7.5], communication_s=[3.0, 2.5], dp=[0, 1],
+                pp=[0, 0], tp=[0, 0])
+    return {
+        "gpu_telemetry": [GpuTelemetry(event_time=T0 + timedelta(seconds=i), source=Source(node=f"n{i % 3}", gpu=i % 8),
+                                       utilization_pct=50.0 + i, nvlink_errors={"crc": i} if i == 7 else {},
+                                       pcie_replays=3 if i == 5 else None) for i in range(20)],
+        "alert": [Alert(event_time=T0, incident_id=uuid.uuid4(), incident_version=1, status="open", severity=2,
+                        kind="task_hang", subject=Subject(job="j") if i else Subject(), onset_time=T0,
+                        detection_time=T0 + timedelta(seconds=i), detector="d", detector_version="1")
+                  for i in range(3)],
+        "iteration_step": [IterationStep(event_time=T0 + timedelta(seconds=10 + i), step=i, **step) for i in range(4)],
+        "decision": [Decision(event_time=T0, decision_id=uuid.uuid4(), target=Subject(job="j"), action="restart_process",
+                              reason="r", plan={"nodes": ["n1"]} if i else {},
+                              answers=[uuid.uuid4() for _ in range(i)], idempotency_key=f"k{i}") for i in range(3)],
+    }
+
+
+def test_a_block_prepared_for_the_sink_reads_back_as_the_models_hold_them(history):
+    events = _mixed_events()
+    messages = [encode_batch(batch) for batch in events.values()]
+    prepared = prepare(messages)
+    assert prepared.careful == []
+    for block in prepared.blocks:
+        assert history.insert_block(block) == len(events[block.event_type])
+    for event_type, table in (("gpu_telemetry", "gpu_telemetry"), ("alert", "alerts"),
+                              ("iteration_step", "iteration_steps"), ("decision", "decisions")):
+        assert _stored(history, table, event_type) == _expected(event_type, events[event_type]), event_type
+
+
+@pytest.mark.parametrize("already", ["inserted recently", "stored before this process"])
+def test_a_prepared_block_holding_a_stored_id_is_not_inserted(history, already):
+    beats = [Heartbeat(event_time=T0 + timedelta(seconds=i), source=Source(node="n1"), seq=i, interval_s=1.0)
+             for i in range(10)]
+    history.insert_events(beats[3:4])
+    store = history if already == "inserted recently" else history.with_database(history.database)
+    [block] = prepare([encode_batch(beats)]).blocks
+    assert store.insert_block(block) is None  # the sink then inserts its events one by one
+    assert store.insert_events(beats) == 9
 
 
 def test_an_event_id_is_stored_once_whatever_the_path(history):

@@ -28,11 +28,18 @@ class StoreFailingNTimes:
         self.database = store.database
 
     def insert_events(self, events):
+        self._fail_if_due()
+        return self.store.insert_events(events)
+
+    def insert_block(self, block):
+        self._fail_if_due()
+        return self.store.insert_block(block)
+
+    def _fail_if_due(self) -> None:
         if self.left > 0:
             self.left -= 1
             self.failures += 1
             raise RuntimeError(self.message)
-        return self.store.insert_events(events)
 
     def healthy(self) -> bool:
         return not (self.down and self.left > 0) and self.store.healthy()

@@ -101,6 +101,9 @@ def sink_rate(store: Any, n: int, workdir: Path, say: Callable[[str], Any]) -> d
         while not sink._consumer.assignment() and time.perf_counter() < join_start + 60:
             sink.poll_once()  # the topics are empty: nothing is consumed
         join_s = time.perf_counter() - join_start
+        pool_start = time.perf_counter()
+        sink.start_decoding_processes()  # (once per sink, like the join)
+        pool_s = time.perf_counter() - pool_start
         producer = Producer(config.kafka_conf(**{"linger.ms": 20, "batch.num.messages": 1000,
                                                  "compression.type": "lz4"}))
         topic = config.topic("gpu_telemetry")
@@ -115,7 +118,7 @@ def sink_rate(store: Any, n: int, workdir: Path, say: Callable[[str], Any]) -> d
         while sink.stats.stored < n and time.perf_counter() < deadline:
             sink.poll_once()
         elapsed = time.perf_counter() - start
-        sink._consumer.close()
+        sink.close()
     finally:
         broker.stop()
     stored = sink.stats.stored
@@ -127,7 +130,9 @@ def sink_rate(store: Any, n: int, workdir: Path, say: Callable[[str], Any]) -> d
     return {"events": n, "stored": stored, "seconds": round(elapsed, 2),
             "rows_per_s": round(stored / elapsed) if elapsed > 0 else 0,
             "store_only_rows_per_s": round(store_rate), "batch_messages_of": 500,
-            "group_join_s_not_timed": round(join_s, 2), "batches": sink.stats.batches}
+            "group_join_s_not_timed": round(join_s, 2), "decoding_processes": sink.decode_processes,
+            "processes_start_s_not_timed": round(pool_s, 2), "batches": sink.stats.batches,
+            "chunks_decoded_by_processes": sink.stats.pooled_chunks}
 
 
 # --- 2. a big history, generated in ClickHouse ----------------------------------------
