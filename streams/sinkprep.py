@@ -135,6 +135,11 @@ def new_pool(processes: int) -> Executor:
     # spawn, not fork: the sink's process holds librdkafka's and chDB's threads.
     pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
     # Submitted together, before any worker is idle: each starts a process of its own.
-    for started in [pool.submit(os.getpid) for _ in range(processes)]:
+    for started in [pool.submit(_ready) for _ in range(processes)]:
         started.result()
     return pool
+
+
+def _ready() -> int:
+    """Run by each new worker: unpickling it imports this module (the models, the ClickHouse types)."""
+    return os.getpid()
