@@ -353,6 +353,8 @@ _NO_OPTIMIZE_ON_INSERT = {"optimize_on_insert": 0}
 _FEEDS_ROLLUPS = frozenset(source for rollup in ROLLUPS for _, source, _ in rollup.feeds)
 _ID_INT = attrgetter("event_id.int")
 _EVENT_TYPE = attrgetter("event_type")
+
+
 def insertable_columns(event_type: str, names: list[str], data: list[list[Any]]) -> tuple[list[str], list[list[Any]]]:
     """The columns of a batch worth sending: a nullable column that is NULL in every row is
     left out, as ClickHouse fills it with its default, NULL, for less than it costs to write."""
