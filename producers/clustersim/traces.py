@@ -26,12 +26,15 @@ job on the node at that moment):
   the job it serves.
 
 Events fall on nodes that are up at the time (a node under repair neither
-fails nor slows). Presets (:data:`PRESETS`) are Unicron's traces on 128
-GPUs (16 nodes) with exact counts — ``trace-a``: 8 weeks, 10 sev1 + 33
-others; ``trace-b``: 20x the rate, 7 days, 26 sev1 + 80 others — plus
-fail-slows at the same per-node rates in both (trace-b: 20x). On another
-number of nodes a preset keeps its per-node rates: counts scale with the
-node count (rounded), so a preset names the *rate*, not the cluster.
+fails nor slows) while any is up; a preset keeps its exact counts, so once
+every node is down its remaining events land on nodes under repair and
+change nothing (:meth:`Trace.on_down_nodes` counts them). Presets
+(:data:`PRESETS`) are Unicron's traces on 128 GPUs (16 nodes) with exact
+counts — ``trace-a``: 8 weeks, 10 sev1 + 33 others; ``trace-b``: 20x the
+rate, 7 days, 26 sev1 + 80 others — plus fail-slows at the same per-node
+rates in both (trace-b: 20x). On another number of nodes a preset keeps
+its per-node rates: counts scale with the node count (rounded), so a
+preset names the *rate*, not the cluster.
 :func:`poisson_trace` draws counts instead (the large-scale run).
 
 Pure: numpy only; one seed drives everything.
@@ -108,6 +111,39 @@ class Trace:
             c[f"fail_slow_{s.cause}"] += 1
         c["others"] = c["sev2"] + c["sev3"]
         return c
+
+    def outages(self) -> list[tuple[str, float, float]]:
+        """The sev1 repairs as the simulator plays them: ``(node, down at, back at)`` in time order.
+
+        A fault on a node under repair changes nothing there (the first repair stands).
+
+        >>> t = Trace("x", ("n0",), 10 * DAY, 0, (FailStop(0.0, "n0", 1, "node_loss", "", "exclude", DAY),
+        ...     FailStop(3600.0, "n0", 1, "xid", "79", "exclude", 5 * DAY)), ())
+        >>> [(n, a, b / DAY) for n, a, b in t.outages()]
+        [('n0', 0.0, 1.0)]
+        """
+        down_until: dict[str, float] = {}
+        out = []
+        for f in sorted(self.fail_stops, key=lambda f: f.t):
+            if f.severity != 1 or down_until.get(f.node, -1.0) > f.t:
+                continue
+            down_until[f.node] = f.t + f.repair_s
+            out.append((f.node, f.t, f.t + f.repair_s))
+        return out
+
+    def on_down_nodes(self) -> int:
+        """How many faults fall on a node under repair and so change nothing.
+
+        :func:`preset` keeps its exact counts, so when every node is down
+        (trace-b can take the whole cluster down) its faults land on nodes
+        already under repair.
+        """
+        down = self.outages()
+        def is_down(node: str, t: float) -> bool:
+            return any(n == node and a < t < b for n, a, b in down)
+        starts = {(n, a) for n, a, _ in down}
+        stops = sum(1 for f in self.fail_stops if (f.node, f.t) not in starts and is_down(f.node, f.t))
+        return stops + sum(1 for s in self.fail_slows if is_down(s.node, s.t))
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,28 @@ def test_trace_presets_have_the_documented_counts(name, days, sev1, others, comp
     assert (big["sev1"], big["others"]) == (10 * sev1, 10 * others)
 
 
+def test_the_oracle_counts_a_node_down_once_when_it_fails_again_under_repair():
+    from vigil.bench.policies import oracle_waf
+
+    jobs = [JobConfig("j", MODELS["1.3B"], 1.0, size=2)]
+    table = throughput_table(MODELS["1.3B"], 2)
+    stops = (FailStop(1 * DAY, "n0", 1, "node_loss", "", "exclude", 2 * DAY),
+             FailStop(2 * DAY, "n0", 1, "xid", "79", "exclude", 5 * DAY))  # n0 is under repair: nothing changes
+    trace = Trace("t", ("n0", "n1"), 10 * DAY, 0, stops, ())
+    assert trace.outages() == [("n0", 1 * DAY, 3 * DAY)] and trace.on_down_nodes() == 1
+    assert oracle_waf(jobs, trace) == pytest.approx((table[2] * 8 * DAY + table[1] * 2 * DAY) / 1e18)
+
+
+def test_no_policy_beats_the_oracle_when_the_whole_cluster_goes_down():
+    from vigil.bench.policies import oracle_waf
+
+    jobs, topo, trace = scenario("trace-b", 128, seed=3)  # every node is down at some point of this trace
+    assert trace.on_down_nodes() > 0
+    bound = oracle_waf(jobs, trace)
+    for policy in ("restart-only", "per-job", "vigil"):
+        assert simulate(policy, jobs, topo, trace, seed=3)["accumulated_waf"] <= bound
+
+
 def test_a_run_is_deterministic_for_a_seed():
     jobs, topo, trace = scenario("trace-b", 128, seed=5)
     a = simulate("vigil", jobs, topo, trace, seed=5)

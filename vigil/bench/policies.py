@@ -53,10 +53,9 @@ def oracle_waf(jobs: list[JobConfig], trace: Trace) -> float:
     moment, with no recovery cost and no fail-slow (sev1 repairs are the only loss)."""
     n = len(trace.nodes)
     changes: list[tuple[float, int]] = []
-    for f in trace.fail_stops:
-        if f.severity == 1:
-            changes.append((f.t, -1))
-            changes.append((min(trace.duration_s, f.t + f.repair_s), +1))
+    for _, down, back in trace.outages():
+        changes.append((down, -1))
+        changes.append((min(trace.duration_s, back), +1))
     changes.sort()
     specs = [JobSpec(j.name, j.weight, j.minimum, throughput_table(j.model, j.size)) for j in jobs]
     cache: dict[int, float] = {}
