@@ -134,6 +134,9 @@ class JobRun:
     episodes: dict[int, float] = field(default_factory=dict)  # fail-slow index -> slowdown ratio at onset
     episode_running_s: float = 0.0
     episode_unmitigated_lost_s: float = 0.0
+    #: healthy FLOP/s before a checkpoint-restart left a straggler behind (0: none): until the episodes end,
+    #: what the job then runs short of it (fewer nodes, none at all) is the fail-slow's cost too
+    rate_before_leaving: float = 0.0
     open_failures: list[tuple[FailStop, float]] = field(default_factory=list)
 
     @property
@@ -365,8 +368,12 @@ class Simulation:
         job.t_last = self.now
         if dt <= 0:
             return
+        left = job.rate_before_leaving if job.episodes else 0.0
         if job.phase in ("running", "recompute"):
-            if job.iter_s > job.healthy_iter_s * (1 + 1e-9):
+            if left and job.rate < left * (1 - 1e-9):
+                job.slow_lost_s += dt * (1.0 - job.rate / left)
+                job.slow_exposed_s += dt
+            elif not left and job.iter_s > job.healthy_iter_s * (1 + 1e-9):
                 job.slow_lost_s += dt * (1.0 - job.healthy_iter_s / job.iter_s)
                 job.slow_exposed_s += dt
             if job.episodes:
@@ -396,6 +403,9 @@ class Simulation:
         else:
             job.off_s += dt
             job.down_by["off:" + job.down_reason] = job.down_by.get("off:" + job.down_reason, 0.0) + dt
+            if left:
+                job.slow_lost_s += dt  # the restart that left the straggler found no nodes for the job
+                job.slow_exposed_s += dt
 
     def _enter(self, job: JobRun, phase: str, reason: str = "") -> None:
         self.accrue(job)
@@ -549,12 +559,22 @@ class Simulation:
         self.slow_on[fs.node].remove(idx)
         name = self.episode_jobs.pop(idx, None)
         if name is not None:
-            self.accrue(self.jobs[name])
-            self.jobs[name].episodes.pop(idx, None)
+            job = self.jobs[name]
+            self.accrue(job)
+            job.episodes.pop(idx, None)
+            if not job.episodes:
+                job.rate_before_leaving = 0.0
         self.record("failslow_end", node=fs.node, cause=fs.cause)
         if self.status[fs.node] == "drained" and not self.slow_on[fs.node] and fs.node not in self.repair_at:
             self._undrain(fs.node)
         self._refresh_nodes([fs.node])
+
+    def leave_stragglers(self, job: JobRun) -> None:
+        """A checkpoint-restart is about to leave the job's stragglers behind: from now until its episodes end,
+        its fail-slow cost is what it runs short of its healthy speed on the nodes it has now."""
+        if job.episodes and job.grid and not job.rate_before_leaving:
+            self.accrue(job)
+            job.rate_before_leaving = job.cfg.model.flops_per_iteration / job.healthy_iter_s
 
     def active_slows(self, job: JobRun) -> list[tuple[FailSlow, str | None]]:
         return [self.slows[i] for n in job.nodes for i in self.slow_on.get(n, ())]

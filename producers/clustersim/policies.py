@@ -379,6 +379,7 @@ class SimActuator:
             return c.topology_s
         if a == "checkpoint_restart":
             culprits = sorted({fs.node for fs, _ in sim.active_slows(job) if fs.node in set(job.nodes)})
+            sim.leave_stragglers(job)
             for n in culprits:
                 sim.drain(n, None, "straggler left by checkpoint-restart")
                 self.v.node_state(n, "drained", "straggler")

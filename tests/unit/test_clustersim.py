@@ -79,6 +79,50 @@ def test_simulated_progress_loses_exactly_what_a_slow_gpu_costs():
     assert job["useful_pflops"] == pytest.approx(clean["jobs"]["j"]["useful_pflops"] * (DAY - 1200.0) / DAY, rel=1e-9)
 
 
+class _LeaveTheStraggler:
+    """A test policy: as soon as a fail-slow hits the job, move it off the slow node onto the other one, free."""
+
+    name = "leave-the-straggler"
+
+    def setup(self, sim):
+        self.moved = False
+
+    def on_failstop(self, sim, fault, job):
+        pass
+
+    def on_node_up(self, sim, node):
+        pass
+
+    def on_level(self, sim, job):
+        if job.episodes and not self.moved:
+            self.moved = True
+            sim.at(sim.now, self._move, sim, job)
+
+    def _move(self, sim, job):
+        sim.leave_stragglers(job)
+        sim.release(job)
+        sim.assign(job, [["node-001"]])
+        sim.resume(job, 0.0, rollback=False)
+
+    def finish(self, sim):
+        return {}
+
+
+def test_leaving_a_straggler_costs_the_share_of_speed_the_job_gives_up_while_the_episode_lasts():
+    from producers.clustersim.engine import Simulation
+
+    topo = Topology.build(2, 2)
+    jobs = [JobConfig("j", MODELS["1.3B"], 1.0, size=2)]
+    slow = FailSlow(t=10_000.0, node="node-000", cause="computation", factor=2.0, duration_s=3600.0, gpu=1)
+    trace = Trace("t", tuple(topo.nodes), DAY, 0, (), (slow,))
+    sim = Simulation(jobs, topo, trace, _LeaveTheStraggler(), hw=COMPUTE_ONLY, initial={"j": [["node-000"], ["node-001"]]})
+    job = sim.run()["jobs"]["j"]
+    table = throughput_table(MODELS["1.3B"], 2, COMPUTE_ONLY)
+    # healthy on one node instead of two for the hour the GPU stays slow: that share of the hour is lost
+    assert job["failslow_lost_s"] == pytest.approx(3600.0 * (1 - table[1] / table[2]), rel=1e-6)
+    assert job["failslow_unmitigated_lost_s"] == pytest.approx(3600.0 * (1 - 1 / 2.0), rel=1e-6)
+
+
 # -- failures, restarts, repairs -----------------------------------------------------------
 
 
