@@ -297,7 +297,7 @@ def test_bench_policies_writes_json_markdown_and_plot(tmp_path):
     from vigil.bench.policies import run
 
     path = tmp_path / "policies.json"
-    result = run(str(path), trace="trace-b", gpus=128, seed=1, scale=False)
+    result = run(str(path), trace="trace-b", gpus=128, seed=1, scale=False, sweep_seeds=2)
     on_disk = json.loads(path.read_text())
     assert on_disk["trace"] == "trace-b" and on_disk["gpus"] == 128
     assert set(on_disk["policies"]) == {"restart-only", "per-job", "vigil"}
@@ -312,3 +312,10 @@ def test_bench_policies_writes_json_markdown_and_plot(tmp_path):
     bound = result["detail"]["failslow_clairvoyant_bound"]
     assert bound["failslow_mitigated_pct"] is not None and "failslow_steps" in bound
     assert set(result["detail"]["per_policy"]["vigil"]["failslow_history"]) == {"computation", "communication"}
+    sweep = result["detail"]["seed_sweep"]
+    assert [r["seed"] for r in sweep["per_seed"]] == [0, 1]
+    assert all(r["vigil_ratio"] <= r["oracle_ratio"] for r in sweep["per_seed"])
+    waf = result["targets"]["waf_ratio_trace-b"]
+    assert waf["bound"] == result["detail"]["oracle_ratio_vs_restart_only"]
+    assert waf["reachable_in_model"] == (max(waf["bound"], waf["bound_max_over_seeds"]) >= 1.9)
+    assert "### Seeds 0-1" in path.with_suffix(".md").read_text()

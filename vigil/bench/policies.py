@@ -15,7 +15,8 @@ seeded job mix fills the cluster and the preset's per-node rates apply.
 
 ``detail`` also holds: the oracle bound (the best WAF the healthy nodes
 allow at every moment, with recovery free and instant: no policy can beat
-it), restart-only with an operator who shrinks a waiting job after 4 h (the
+it), on 128 GPUs a sweep over seeds of vigil and the bounds (so a target is
+held against what the model allows on every seed, not on one), restart-only with an operator who shrinks a waiting job after 4 h (the
 baseline's sensitivity to how "manual repair" is read), the WAF series, and
 unless ``scale`` is off a 10,000-GPU, 4-week run of every policy at
 trace-a's rates with its wall time. Writes JSON to ``json_path`` and a
@@ -108,9 +109,46 @@ def _run_trace(jobs: list[JobConfig], topo: Any, trace: Trace, seed: int, costs:
     return out
 
 
+def seed_sweep(trace: str, gpus: int, seeds: int, costs: Costs,
+               progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Per seed ``0 .. seeds-1``: vigil and the bounds against restart-only, so a target can be held against the
+    best the model allows on every seed, not on one.
+
+    ``oracle`` bounds every policy's WAF; ``clairvoyant`` is vigil's ski rental told each fail-slow's true
+    remaining duration (the same ladder and costs): what perfect timing of these remedies could remove.
+    """
+    rows = []
+    for s in range(seeds):
+        if progress:
+            progress(f"bounds on {trace}, seed {s} of {seeds}")
+        jobs, topo, tr = scenario(trace, gpus, s)
+        init = initial_placement(jobs, topo)
+        base = simulate("restart-only", jobs, topo, tr, costs=costs, seed=s, initial=init)["accumulated_waf"]
+        vigil = simulate("vigil", jobs, topo, tr, costs=costs, seed=s, initial=init)
+        seer = simulate("vigil", jobs, topo, tr, costs=costs, seed=s, initial=init, failslow_pricing="clairvoyant")
+        rows.append({"seed": s,
+                     "oracle_ratio": round(oracle_waf(jobs, tr) / base, 4),
+                     "vigil_ratio": round(vigil["accumulated_waf"] / base, 4),
+                     "failslow_mitigated_pct": _round(vigil["failslow_mitigated_pct"]),
+                     "failslow_clairvoyant_pct": _round(seer["failslow_mitigated_pct"]),
+                     "faults_on_down_nodes": tr.on_down_nodes()})
+
+    def span(key: str) -> list[float] | None:
+        vals = [r[key] for r in rows if r[key] is not None]
+        return [min(vals), max(vals)] if vals else None
+
+    return {"seeds": seeds, "per_seed": rows,
+            **{f"{k}_range": span(k) for k in ("oracle_ratio", "vigil_ratio", "failslow_mitigated_pct",
+                                               "failslow_clairvoyant_pct")}}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
 def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128, seed: int = 0,
         scale: bool = True, scale_gpus: int = 10_000, scale_days: float = 28.0, plot: bool = True,
-        progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+        sweep_seeds: int = 10, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Run the benchmark; write JSON (and the markdown summary and the plot next to it) when ``json_path`` is given."""
     wall0 = time.perf_counter()
     costs = Costs()
@@ -130,6 +168,7 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
     oracle = oracle_waf(jobs, tr)
     detail: dict[str, Any] = {
         "trace_counts": tr.counts(),
+        "trace_faults_on_down_nodes": tr.on_down_nodes(),
         "trace_days": tr.duration_s / DAY,
         "jobs": [{"name": j.name, "model": j.model.name, "weight": j.weight, "size_nodes": j.size,
                   "min_nodes": j.minimum} for j in jobs],
@@ -199,6 +238,9 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
             "vigil_failslow_history": big["vigil"]["failslow_history"],
         }
     result["wall_s"] = round(time.perf_counter() - wall0, 1)
+    if sweep_seeds > 0:
+        # after wall_s: the sweep is evidence about the targets, not part of the run it times
+        detail["seed_sweep"] = seed_sweep(trace, gpus, sweep_seeds, costs, progress)
     result["targets"] = _targets(result)
     if json_path:
         path = Path(json_path)
@@ -219,16 +261,28 @@ def _plain(x: Any) -> Any:
 def _targets(result: dict[str, Any]) -> dict[str, Any]:
     pol = result["policies"]
     trace = result["trace"]
+    detail = result["detail"]
+    sweep = detail.get("seed_sweep")
     out: dict[str, Any] = {}
+
+    def bounded(want: float, bound: float | None, sweep_key: str) -> dict[str, Any]:
+        """The best the model allows for this target: on this seed, and the highest over the seed sweep."""
+        best = sweep[f"{sweep_key}_range"][1] if sweep and sweep[f"{sweep_key}_range"] else None
+        reachable = max(b for b in (bound, best) if b is not None) >= want if (bound, best) != (None, None) else None
+        return {"bound": bound, "bound_max_over_seeds": best, "reachable_in_model": reachable}
+
     if result["gpus"] == 128 and f"waf_ratio_{trace}" in TARGETS:
         want = TARGETS[f"waf_ratio_{trace}"]
         got = pol["vigil"]["waf_ratio_vs_restart_only"]
-        out[f"waf_ratio_{trace}"] = {"target": want, "measured": got, "met": got is not None and got >= want}
+        out[f"waf_ratio_{trace}"] = {"target": want, "measured": got, "met": got is not None and got >= want,
+                                     **bounded(want, detail["oracle_ratio_vs_restart_only"], "oracle_ratio")}
         if trace == "trace-a":
             got = pol["vigil"]["ettr_mean"]
             out["vigil_ettr_trace-a"] = {"target": 0.97, "measured": got, "met": got >= 0.97}
     got = result["failslow_mitigated_pct"]
-    out["failslow_mitigated_pct"] = {"target": 60.1, "measured": got, "met": got is not None and got >= 60.1}
+    out["failslow_mitigated_pct"] = {"target": 60.1, "measured": got, "met": got is not None and got >= 60.1,
+                                     **bounded(60.1, detail["failslow_clairvoyant_bound"]["failslow_mitigated_pct"],
+                                               "failslow_clairvoyant_pct")}
     scale = result["detail"].get("scale_run")
     if scale:
         out["failslow_mitigated_pct_scale_run"] = {"target": 60.1, "measured": scale["policies"]["vigil"]["failslow_mitigated_pct"],
@@ -254,7 +308,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"`vigil bench policies --trace {result['trace']} --gpus {result['gpus']} --seed {result['seed']}"
              f"{'' if 'scale_run' in d else ' --no-scale'}` "
              f"({result['wall_s']:.0f} s on {d['machine']['cpus']} CPUs). Trace: {d['trace_days']:.0f} days, "
-             + ", ".join(f"{k} {v}" for k, v in d["trace_counts"].items()) + ".", "",
+             + ", ".join(f"{k} {v}" for k, v in d["trace_counts"].items())
+             + (f" ({d['trace_faults_on_down_nodes']} of these fall on nodes already under repair, when every node "
+                "is down, and change nothing)" if d.get("trace_faults_on_down_nodes") else "") + ".", "",
              "| policy | accumulated WAF (weighted EFLOP) | vs restart-only | ETTR mean | ETTR min | fail-slow slowdown |",
              "|---|---:|---:|---:|---:|---:|"]
     for p in POLICY_ORDER:
@@ -271,9 +327,26 @@ def markdown(result: dict[str, Any]) -> str:
               + _steps(d["per_policy"]["vigil"].get("failslow_steps", {})) + "). A ski rental told each episode's true "
               f"remaining duration (a bound, not an online policy) would remove "
               f"{d['failslow_clairvoyant_bound']['failslow_mitigated_pct']}%.", "",
-              "## Targets", "", "| target | wanted | measured | met |", "|---|---:|---:|:---:|"]
+              "## Targets", "",
+              "| target | wanted | measured | met | best the model allows (this seed; highest over seeds) |",
+              "|---|---:|---:|:---:|---|"]
     for k, t in result["targets"].items():
-        lines.append(f"| {k} | {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} |")
+        best = "-"
+        if t.get("bound") is not None or t.get("bound_max_over_seeds") is not None:
+            best = f"{t.get('bound')}; {t.get('bound_max_over_seeds')}" + \
+                ("" if t.get("reachable_in_model") else ": below the target")
+        lines.append(f"| {k} | {t['target']} | {t['measured']} | {'yes' if t['met'] else 'no'} | {best} |")
+    sweep = d.get("seed_sweep")
+    if sweep:
+        lines += ["", f"### Seeds 0-{sweep['seeds'] - 1} (the same command with `--seed N`)", "",
+                  "The bounds are the oracle (every healthy node at the best allocation, recovery free) for WAF, and "
+                  "vigil's ski rental told each episode's true remaining duration for fail-slows.", "",
+                  "| seed | vigil vs restart-only | oracle bound | fail-slow mitigated | clairvoyant bound | "
+                  "faults on nodes already down |", "|---:|---:|---:|---:|---:|---:|"]
+        for r in sweep["per_seed"]:
+            lines.append(f"| {r['seed']} | {r['vigil_ratio']:.3f}x | {r['oracle_ratio']:.3f}x | "
+                         f"{r['failslow_mitigated_pct']} % | {r['failslow_clairvoyant_pct']} % | "
+                         f"{r['faults_on_down_nodes']} |")
     lines += ["", "## Detection and recovery (p50 seconds)", "",
               "| fault | vigil detection | per-job detection | restart-only detection | vigil recovery | restart-only recovery |",
               "|---|---:|---:|---:|---:|---:|"]
