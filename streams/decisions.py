@@ -234,9 +234,10 @@ class DecisionEngine:
             if not job or not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or before <= 0:
                 continue
             cls = str(e.get("slowdown_class") or "communication")
-            self.mitigation.start(job, float(before), float(after), cls, now, onset=to_seconds(alert.onset_time),
-                                  strategies=self._strategies(job))
             node = alert.subject.node if alert.kind in GPU_CAUSES | LINK_CAUSES else e.get("node")
+            self.mitigation.start(job, float(before), float(after), cls, now, onset=to_seconds(alert.onset_time),
+                                  strategies=self._strategies(job),
+                                  restart_shrink=self._restart_shrink(job, node if isinstance(node, str) else None))
             self._failslow_ctx.setdefault(job, (node if isinstance(node, str) else None, float(before), float(after), cls))
             answered = self._failslow_incident.setdefault(job, [])
             if alert.incident_id not in answered:
@@ -255,6 +256,28 @@ class DecisionEngine:
             return None
         return tuple(s for s in STRATEGIES if not (s == "rebalance_microbatches" and spec.dp < 2)
                      and not (s == "adjust_topology" and spec.pp < 2))
+
+    def _restart_shrink(self, job: str, straggler: str | None) -> float:
+        """The share of its nodes ``job`` gives up if a checkpoint-restart leaves ``straggler`` behind.
+
+        0 when a known healthy node runs no job (it takes the straggler's
+        place), or when the engine cannot tell (no inventory, no layout, a
+        straggler named that the job does not run on). Otherwise the job
+        loses the straggler's data-parallel replica (``pp`` nodes): a
+        first-order price, since a re-plan may take the node from a job that
+        needs it less. The straggler is often not localized yet when the
+        episode starts; the price is the same for any of the job's nodes.
+        """
+        spec = self.jobs.get(job, _JobInfo()).spec
+        if spec is None or not spec.nodes or not self.known_nodes or \
+                (straggler is not None and straggler not in spec.nodes):
+            return 0.0
+        busy = set().union(*(i.nodes for i in self.jobs.values()
+                             if i.spec is not None and i.spec.state in ("pending", "running", "restarting")))
+        if self.known_nodes - self.nodes_down - busy:
+            return 0.0
+        n, pp = len(spec.nodes), max(1, spec.pp)
+        return 1.0 - ((n - 1) // pp * pp) / n
 
     def _on_resolved(self, alert: Alert, now: float) -> list[Envelope]:
         self._incident_rung.pop(alert.incident_id, None)

@@ -238,6 +238,7 @@ class _Episode:
     watch_until: float = -math.inf  # an end seen before this may be the doing of the last action
     basis: str = ""
     left: set[str] = field(default_factory=set)  # straggler nodes the job left with a checkpoint-restart
+    restart_shrink: float = 0.0  # share of its speed the job gives up by leaving the straggler (no spare node)
 
 
 class FailSlowMitigation:
@@ -292,20 +293,25 @@ class FailSlowMitigation:
         self._left: dict[str, tuple[str, int, float]] = {}
 
     def start(self, job: str, t_healthy: float, t_slow: float, slowdown_class: str, now: float,
-              onset: float | None = None, strategies: tuple[str, ...] | None = None) -> None:
+              onset: float | None = None, strategies: tuple[str, ...] | None = None,
+              restart_shrink: float = 0.0) -> None:
         """A fail-slow of ``job`` began at ``onset`` (default ``now``) and is known at ``now`` (kept if one is
         already running). ``strategies``: those that can act on this job (default all; S2 only ever for
-        computation fail-slows)."""
+        computation fail-slows). ``restart_shrink``: the share of its speed the job gives up while a
+        checkpoint-restart keeps it off the straggler (0 when a spare node takes its place): S4 then saves
+        only the slowdown beyond it."""
         if job in self._episodes:
             return
         if not (t_healthy > 0 and t_slow > 0):
             raise ValueError(f"iteration times must be > 0 s, got healthy={t_healthy}, slow={t_slow}")
+        if not 0.0 <= restart_shrink <= 1.0:
+            raise ValueError(f"restart_shrink must be in [0, 1], got {restart_shrink}")
         usable = tuple(s for s in STRATEGIES if strategies is None or s in strategies)
         if slowdown_class != "computation":
             usable = tuple(s for s in usable if s != "rebalance_microbatches")  # rebalancing cannot help a slow link
         begun = now if onset is None else min(onset, now)
         self._episodes[job] = _Episode(t_healthy, max(t_slow, t_healthy), slowdown_class, since=now, onset=begun,
-                                       delay=now - begun, strategies=usable)
+                                       delay=now - begun, strategies=usable, restart_shrink=restart_shrink)
 
     def _watch(self, ep: _Episode, now: float, overhead: float) -> None:
         ep.watch_until = max(ep.watch_until, now + overhead + 2.0 * ep.delay + self.confirm_s)
@@ -362,7 +368,13 @@ class FailSlowMitigation:
 
     def _worth(self, job: str, ep: _Episode, strategy: str, now: float) -> tuple[bool, str]:
         overhead = self.overhead_s[strategy]
-        rate = 1.0 - ep.t_healthy / ep.t_slow
+        lost_rate = 1.0 - ep.t_healthy / ep.t_slow
+        # What the strategy saves per second from now on: all of the slowdown, except a checkpoint-restart with
+        # no spare node, after which the job runs healthy but short of the straggler's share.
+        rate = lost_rate - (ep.restart_shrink if strategy == "checkpoint_restart" else 0.0)
+        if rate <= 0.0:
+            return False, (f"{strategy} would leave the job {ep.restart_shrink:.2f} short with no spare node, "
+                           f"more than the {lost_rate:.2f} the fail-slow costs")
         age = max(0.0, now - ep.onset)
         if self.remaining is not None:
             est, source = self.remaining(job, ep.slowdown_class, age), "told"
@@ -377,8 +389,10 @@ class FailSlowMitigation:
                 return True, f"{why} >= {overhead:.0f} s overhead"
             if exact:
                 return False, f"{why} < {overhead:.0f} s overhead"
-        return ep.lost_s >= overhead, (f"fail-slow has cost {ep.lost_s:.1f} s, the overhead of {strategy} "
-                                       f"({overhead:.1f} s): classic ski rental")
+        # Classic rule on what the strategy would save: the slowdown paid so far, scaled to the saved share.
+        saved = ep.lost_s * rate / lost_rate if lost_rate > 0 else 0.0
+        return saved >= overhead, (f"fail-slow has cost {ep.lost_s:.1f} s ({saved:.1f} s of it {strategy} would "
+                                   f"save), the overhead of {strategy} ({overhead:.1f} s): classic ski rental")
 
     def tick(self, now: float) -> list[tuple[str, str, float]]:
         """Accumulate the slowdown up to ``now``; (job, strategy, seconds lost) for each new step up."""

@@ -82,6 +82,21 @@ def test_without_history_the_classic_rule_buys_each_step_when_the_slowdown_has_p
                                  (600, "checkpoint_restart")]
 
 
+def test_a_restart_that_leaves_the_job_short_is_worth_only_the_slowdown_beyond_it():
+    # 0.5 s lost per s; a restart with no spare node leaves the job 0.25 short: it saves 0.25 s per s, so the
+    # classic rule buys it once the slowdown it would have saved (half of what was lost) reaches its 300 s
+    m = FailSlowMitigation(COSTS)
+    m.start("j", 1.0, 2.0, "communication", now=0.0, strategies=("checkpoint_restart",), restart_shrink=0.25)
+    assert bought(m, 0, 1300) == [(1200, "checkpoint_restart")]
+    # short by as much as the slowdown costs: never, however long episodes last
+    m = FailSlowMitigation(COSTS, durations=history("communication", [30000.0, 40000.0, 60000.0, 90000.0]))
+    m.start("j", 1.0, 2.0, "communication", now=0.0, strategies=("checkpoint_restart",), restart_shrink=0.5)
+    assert bought(m, 0, 20000, 10) == []
+    assert "no spare node" in m._worth("j", m._episodes["j"], "checkpoint_restart", 20000.0)[1]
+    with pytest.raises(ValueError, match="restart_shrink"):
+        FailSlowMitigation(COSTS).start("k", 1.0, 2.0, "communication", now=0.0, restart_shrink=1.5)
+
+
 def test_long_episodes_in_history_buy_the_restart_at_once():
     m = FailSlowMitigation(COSTS, durations=history("communication", [3000.0, 4000.0, 6000.0, 9000.0]))
     m.start("j", 1.0, 1.25, "communication", now=20.0, onset=0.0, strategies=("checkpoint_restart",))
@@ -179,6 +194,19 @@ def test_the_engine_offers_only_the_steps_a_layout_allows():
                 seen.setdefault(e.target.job, []).append(e.action)
     # a single stage has no topology to adjust; a single replica no micro-batches to move
     assert seen == {"dp-only": ["rebalance_microbatches", "checkpoint_restart"], "one-node": ["checkpoint_restart"]}
+
+
+@pytest.mark.parametrize("nodes,restart_at", [(["n1", "n2", "n3"], 600), (["n1", "n2"], None)])
+def test_the_engine_prices_a_restart_with_the_replica_the_job_loses_when_no_node_is_spare(nodes, restart_at):
+    eng = DecisionEngine(mitigation=FailSlowMitigation(COSTS))
+    for n in nodes:
+        eng.on_state(NodeState(event_time=from_seconds(T), source=Source(node=n), state="healthy"), T)
+    eng.on_state(job_state("dp-only", ["n1", "n2"], dp=2, pp=1), T)
+    eng.on_alert(failslow("dp-only", "communication", T, T, uuid.uuid4()), T)  # 0.5 s lost per s
+    seen = [(t, e.action) for t in range(0, 3000, 10) for e in eng.tick(T + t) if isinstance(e, Decision)]
+    # n3 idle: the restart runs the job whole on it, bought when the slowdown has cost its 300 s; without a
+    # spare the job would drop to one of its two nodes, worse than running at half speed: never
+    assert seen == ([(restart_at, "checkpoint_restart")] if restart_at else [])
 
 
 def test_the_engine_learns_durations_from_onset_to_resolution_and_from_the_straggler_coming_back():
