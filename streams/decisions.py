@@ -272,12 +272,16 @@ class DecisionEngine:
         if spec is None or not spec.nodes or not self.known_nodes or \
                 (straggler is not None and straggler not in spec.nodes):
             return 0.0
-        busy = set().union(*(i.nodes for i in self.jobs.values()
+        busy = set().union(*(set(i.spec.nodes) for i in self.jobs.values()
                              if i.spec is not None and i.spec.state in ("pending", "running", "restarting")))
         if self.known_nodes - self.nodes_down - busy:
             return 0.0
         n, pp = len(spec.nodes), max(1, spec.pp)
-        return 1.0 - ((n - 1) // pp * pp) / n
+        kept = (n - 1) // pp * pp
+        per_node = spec.gpus / n if spec.gpus else 8
+        if kept * per_node < (spec.min_gpus or 0):
+            return 1.0  # below its minimum the job cannot run at all
+        return 1.0 - kept / n
 
     def _on_resolved(self, alert: Alert, now: float) -> list[Envelope]:
         self._incident_rung.pop(alert.incident_id, None)

@@ -209,6 +209,20 @@ def test_the_engine_prices_a_restart_with_the_replica_the_job_loses_when_no_node
     assert seen == ([(restart_at, "checkpoint_restart")] if restart_at else [])
 
 
+@pytest.mark.parametrize("min_gpus,restart_at", [(0, 1200), (32, None)])
+def test_a_restart_that_would_take_the_job_below_its_minimum_is_never_worth_it(min_gpus, restart_at):
+    eng = DecisionEngine(mitigation=FailSlowMitigation(COSTS))
+    nodes = ["n1", "n2", "n3", "n4"]
+    for n in nodes:
+        eng.on_state(NodeState(event_time=from_seconds(T), source=Source(node=n), state="healthy"), T)
+    eng.on_state(job_state("dp4", nodes, dp=4, pp=1).model_copy(update={"min_gpus": min_gpus}), T)
+    eng.on_alert(failslow("dp4", "communication", T, T, uuid.uuid4()), T)  # 0.5 s lost per s
+    seen = [(t, e.action) for t in range(0, 3000, 10) for e in eng.tick(T + t) if isinstance(e, Decision)]
+    # no spare: on 3 of its 4 nodes it saves 0.5 - 0.25 s per s, so the 300 s restart pays once 600 s of
+    # slowdown would have been saved (1200 s in); at a minimum of 4 nodes it cannot run on 3 at all
+    assert seen == ([(restart_at, "checkpoint_restart")] if restart_at else [])
+
+
 def test_the_engine_learns_durations_from_onset_to_resolution_and_from_the_straggler_coming_back():
     eng = DecisionEngine(mitigation=FailSlowMitigation(COSTS, durations=EpisodeDurations(min_at_risk=1)))
     eng.on_state(job_state("gpt", ["n1", "n2"], dp=2, pp=1), T)
