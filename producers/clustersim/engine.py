@@ -403,9 +403,11 @@ class Simulation:
         else:
             job.off_s += dt
             job.down_by["off:" + job.down_reason] = job.down_by.get("off:" + job.down_reason, 0.0) + dt
-            if left:
-                job.slow_lost_s += dt  # the restart that left the straggler found no nodes for the job
+            if left:  # the restart that left the straggler found no nodes for the job: all of it is lost
+                job.slow_lost_s += dt
                 job.slow_exposed_s += dt
+                job.episode_running_s += dt
+                job.episode_unmitigated_lost_s += dt * (1.0 - 1.0 / max(job.episodes.values()))
 
     def _enter(self, job: JobRun, phase: str, reason: str = "") -> None:
         self.accrue(job)
@@ -634,7 +636,12 @@ class Simulation:
         lost = sum(j.slow_lost_s + j.slow_overhead_s for j in self.jobs.values())
         episode_s = sum(j.episode_running_s + j.slow_overhead_s for j in self.jobs.values())
         unmitigated = sum(j.episode_unmitigated_lost_s for j in self.jobs.values())
-        stretch = lambda lost_s: 100.0 * lost_s / (episode_s - lost_s) if episode_s > lost_s else 0.0  # noqa: E731
+        def stretch(lost_s: float) -> float | None:
+            """How much longer the affected jobs took, in %; None when they made no progress at all."""
+            if episode_s > lost_s:
+                return 100.0 * lost_s / (episode_s - lost_s)
+            return None if lost_s > 0 else 0.0
+
         fin = lambda xs: [x for x in xs if not math.isnan(x)]  # noqa: E731
         detection = {k: {"n": len(v), "missed": sum(math.isnan(x) for x in v),
                          "mean_s": float(np.mean(fin(v))) if fin(v) else None,

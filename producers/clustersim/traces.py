@@ -125,7 +125,8 @@ class Trace:
         down_until: dict[str, float] = {}
         out = []
         for f in sorted(self.fail_stops, key=lambda f: f.t):
-            if f.severity != 1 or down_until.get(f.node, -1.0) > f.t:
+            # >=: the simulator plays a fault at the very instant of a repair before the repair
+            if f.severity != 1 or down_until.get(f.node, -1.0) >= f.t:
                 continue
             down_until[f.node] = f.t + f.repair_s
             out.append((f.node, f.t, f.t + f.repair_s))
@@ -140,7 +141,7 @@ class Trace:
         """
         down = self.outages()
         def is_down(node: str, t: float) -> bool:
-            return any(n == node and a < t < b for n, a, b in down)
+            return any(n == node and a < t <= b for n, a, b in down)
         starts = {(n, a) for n, a, _ in down}
         stops = sum(1 for f in self.fail_stops if (f.node, f.t) not in starts and is_down(f.node, f.t))
         return stops + sum(1 for s in self.fail_slows if is_down(s.node, s.t))
@@ -185,12 +186,13 @@ def _build(name: str, nodes: list[str], duration_s: float, seed: int, n_sev1: in
     slows: list[FailSlow] = []
     for t, k in zip(times.tolist(), order.tolist()):
         kind = what[k]
-        up = [n for n in nodes if down_until[n] <= t]
+        up = [n for n in nodes if down_until[n] < t]
         node = up[int(rng.integers(len(up)))] if up else nodes[int(rng.integers(len(nodes)))]
         if kind == "sev1":
             fk, detail = _pick(rng, SEV1_KINDS)
             repair = float(rng.uniform(1.0, 7.0)) * DAY
-            down_until[node] = t + repair
+            if down_until[node] < t:  # on a node under repair it changes nothing (the first repair stands)
+                down_until[node] = t + repair
             stops.append(FailStop(t, node, 1, fk, detail, "exclude", repair))
         elif kind == "other":
             if rng.random() < 0.5:

@@ -80,9 +80,13 @@ def test_simulated_progress_loses_exactly_what_a_slow_gpu_costs():
 
 
 class _LeaveTheStraggler:
-    """A test policy: as soon as a fail-slow hits the job, move it off the slow node onto the other one, free."""
+    """A test policy: as soon as a fail-slow hits the job, move it off the slow node onto the other one (or onto
+    none: the job stops), free."""
 
     name = "leave-the-straggler"
+
+    def __init__(self, onto):
+        self.onto = onto
 
     def setup(self, sim):
         self.moved = False
@@ -101,26 +105,35 @@ class _LeaveTheStraggler:
     def _move(self, sim, job):
         sim.leave_stragglers(job)
         sim.release(job)
-        sim.assign(job, [["node-001"]])
+        if self.onto is None:
+            sim.set_off(job, "no nodes")
+            return
+        sim.assign(job, [[self.onto]])
         sim.resume(job, 0.0, rollback=False)
 
     def finish(self, sim):
         return {}
 
 
-def test_leaving_a_straggler_costs_the_share_of_speed_the_job_gives_up_while_the_episode_lasts():
+@pytest.mark.parametrize("onto", ["node-001", None])
+def test_leaving_a_straggler_costs_the_share_of_speed_the_job_gives_up_while_the_episode_lasts(onto):
     from producers.clustersim.engine import Simulation
 
     topo = Topology.build(2, 2)
     jobs = [JobConfig("j", MODELS["1.3B"], 1.0, size=2)]
     slow = FailSlow(t=10_000.0, node="node-000", cause="computation", factor=2.0, duration_s=3600.0, gpu=1)
     trace = Trace("t", tuple(topo.nodes), DAY, 0, (), (slow,))
-    sim = Simulation(jobs, topo, trace, _LeaveTheStraggler(), hw=COMPUTE_ONLY, initial={"j": [["node-000"], ["node-001"]]})
-    job = sim.run()["jobs"]["j"]
+    sim = Simulation(jobs, topo, trace, _LeaveTheStraggler(onto), hw=COMPUTE_ONLY,
+                     initial={"j": [["node-000"], ["node-001"]]})
+    r = sim.run()
+    job = r["jobs"]["j"]
     table = throughput_table(MODELS["1.3B"], 2, COMPUTE_ONLY)
-    # healthy on one node instead of two for the hour the GPU stays slow: that share of the hour is lost
-    assert job["failslow_lost_s"] == pytest.approx(3600.0 * (1 - table[1] / table[2]), rel=1e-6)
+    # healthy on one node instead of two (or stopped) for the hour the GPU stays slow: that share of the hour is lost
+    share = 1.0 if onto is None else 1 - table[1] / table[2]
+    assert job["failslow_lost_s"] == pytest.approx(3600.0 * share, rel=1e-6)
     assert job["failslow_unmitigated_lost_s"] == pytest.approx(3600.0 * (1 - 1 / 2.0), rel=1e-6)
+    # the slowdown is how much longer the work took: none of it got done while the job was stopped
+    assert r["failslow_slowdown_pct"] == (None if onto is None else pytest.approx(100.0 * share / (1 - share), rel=1e-6))
 
 
 # -- failures, restarts, repairs -----------------------------------------------------------
@@ -228,6 +241,23 @@ def test_trace_presets_have_the_documented_counts(name, days, sev1, others, comp
     assert (big["sev1"], big["others"]) == (10 * sev1, 10 * others)
 
 
+@pytest.mark.parametrize("seed", [0, 3, 29])  # seeds whose trace-b takes the whole cluster down
+def test_a_preset_puts_faults_on_nodes_under_repair_only_when_every_node_is_down(seed):
+    nodes = [f"n{i:02d}" for i in range(16)]
+    t = preset("trace-b", nodes, seed=seed)
+    repairs = t.outages()
+
+    def down(node, when):  # as the simulator plays it: a fault at the instant of a repair still finds it down
+        return any(n == node and a < when <= b for n, a, b in repairs)
+
+    starts = {(n, a) for n, a, _ in repairs}
+    on_down = [(f.node, f.t) for f in t.fail_stops if (f.node, f.t) not in starts and down(f.node, f.t)]
+    on_down += [(s.node, s.t) for s in t.fail_slows if down(s.node, s.t)]
+    assert on_down and len(on_down) == t.on_down_nodes()
+    for node, when in on_down:
+        assert all(down(n, when) for n in nodes), f"a fault on {node} under repair while another node was up"
+
+
 def test_the_oracle_counts_a_node_down_once_when_it_fails_again_under_repair():
     from vigil.bench.policies import oracle_waf
 
@@ -309,13 +339,13 @@ def test_bench_policies_writes_json_markdown_and_plot(tmp_path):
     assert path.with_suffix(".md").read_text().startswith("# Policy benchmark")
     assert path.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert np.isfinite(result["detail"]["restart_only_manual_shrink_4h"]["accumulated_waf"])
-    bound = result["detail"]["failslow_clairvoyant_bound"]
+    bound = result["detail"]["failslow_clairvoyant"]
     assert bound["failslow_mitigated_pct"] is not None and "failslow_steps" in bound
     assert set(result["detail"]["per_policy"]["vigil"]["failslow_history"]) == {"computation", "communication"}
     sweep = result["detail"]["seed_sweep"]
     assert [r["seed"] for r in sweep["per_seed"]] == [0, 1]
     assert all(r["vigil_ratio"] <= r["oracle_ratio"] for r in sweep["per_seed"])
-    waf = result["targets"]["waf_ratio_trace-b"]
-    assert waf["bound"] == result["detail"]["oracle_ratio_vs_restart_only"]
-    assert waf["bound_reaches_target"] == (max(waf["bound"], waf["bound_max_over_seeds"]) >= 1.9)
+    assert result["targets"]["waf_ratio_trace-b"]["bound"] == result["detail"]["oracle_ratio_vs_restart_only"]
+    assert "reference" in result["targets"]["failslow_mitigated_pct"]  # the clairvoyant run is no bound
+    assert "bound" not in result["targets"]["failslow_mitigated_pct"]
     assert "### Seeds 0-1" in path.with_suffix(".md").read_text()
