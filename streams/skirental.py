@@ -11,7 +11,10 @@ time the job loses while it is applied). The ladder is Falcon's:
 * S4 checkpoint and restart on healthy nodes.
 
 A strategy pays off when the slowdown it removes from now on exceeds its
-overhead. How long the episode will still last is the unknown:
+overhead. A checkpoint-restart with no idle node to take the straggler's
+place removes less: the job runs on without the straggler's replica, so it
+saves only the slowdown beyond that share (``restart_shrink``). How long the
+episode will still last is the unknown:
 
 * **with history** — the durations of the episodes of the same slowdown
   class that the engine has seen end (:class:`EpisodeDurations`, a

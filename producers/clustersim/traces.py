@@ -140,6 +140,7 @@ class Trace:
         already under repair.
         """
         down = self.outages()
+
         def is_down(node: str, t: float) -> bool:
             return any(n == node and a < t <= b for n, a, b in down)
         starts = {(n, a) for n, a, _ in down}
