@@ -430,7 +430,7 @@ def bench_policies(
             status.update(what)
             err_console.log(what)
         result = run(str(json_path), trace=trace, gpus=gpus, seed=seed, scale=scale,
-                     sweep_seeds=sweep_seeds if gpus == 128 else 0, progress=progress)
+                     sweep_seeds=sweep_seeds, progress=progress)
     _print_table(("policy", "accumulated WAF (weighted EFLOP)", "vs restart-only", "ETTR mean", "fail-slow slowdown"),
                  format_table(result))
     for name, t in result["targets"].items():

@@ -103,7 +103,7 @@ def _summary(r: dict[str, Any], base: float) -> dict[str, Any]:
         "failslow_slowdown_pct": _round(r["failslow_slowdown_pct"], 3),
         "failslow_lost_s": round(r["failslow_lost_s"], 1),
         "failslow_unmitigated_slowdown_pct": _round(r["failslow_unmitigated_slowdown_pct"], 3),
-        "failslow_mitigated_pct": None if r["failslow_mitigated_pct"] is None else round(r["failslow_mitigated_pct"], 2),
+        "failslow_mitigated_pct": _round(r["failslow_mitigated_pct"]),
     }
 
 
@@ -118,29 +118,40 @@ def _run_trace(jobs: list[JobConfig], topo: Any, trace: Trace, seed: int, costs:
     return out
 
 
+def _sweep_row(seed: int, jobs: list[JobConfig], trace: Trace, oracle: float, base: dict[str, Any],
+               vigil: dict[str, Any], seer: dict[str, Any]) -> dict[str, Any]:
+    """One seed of the sweep, from its restart-only, vigil and clairvoyant runs and its oracle bound."""
+    waf = base["accumulated_waf"]
+    return {"seed": seed,
+            "oracle_ratio": round(oracle / waf, 4),
+            "vigil_ratio": round(vigil["accumulated_waf"] / waf, 4),
+            "failslow_mitigated_pct": _round(vigil["failslow_mitigated_pct"]),
+            "failslow_clairvoyant_pct": _round(seer["failslow_mitigated_pct"]),
+            "faults_on_down_nodes": trace.on_down_nodes()}
+
+
 def seed_sweep(trace: str, gpus: int, seeds: int, costs: Costs,
-               progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+               progress: Callable[[str], Any] | None = None,
+               measured: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Per seed ``0 .. seeds-1``: vigil and the bounds against restart-only, so a target can be held against the
-    best the model allows on every seed, not on one.
+    best the model allows on every seed, not on one. ``measured``: rows (``_sweep_row``) of seeds already run.
 
     ``oracle`` bounds every policy's WAF; ``clairvoyant`` is vigil's ski rental told each fail-slow's true
     remaining duration (the same ladder, costs and prices): a reference, not a bound.
     """
     rows = []
     for s in range(seeds):
+        if measured and s in measured:
+            rows.append(measured[s])
+            continue
         if progress:
             progress(f"bounds on {trace}, seed {s} of {seeds}")
         jobs, topo, tr = scenario(trace, gpus, s)
         init = initial_placement(jobs, topo)
-        base = simulate("restart-only", jobs, topo, tr, costs=costs, seed=s, initial=init)["accumulated_waf"]
+        base = simulate("restart-only", jobs, topo, tr, costs=costs, seed=s, initial=init)
         vigil = simulate("vigil", jobs, topo, tr, costs=costs, seed=s, initial=init)
         seer = simulate("vigil", jobs, topo, tr, costs=costs, seed=s, initial=init, failslow_pricing="clairvoyant")
-        rows.append({"seed": s,
-                     "oracle_ratio": round(oracle_waf(jobs, tr) / base, 4),
-                     "vigil_ratio": round(vigil["accumulated_waf"] / base, 4),
-                     "failslow_mitigated_pct": _round(vigil["failslow_mitigated_pct"]),
-                     "failslow_clairvoyant_pct": _round(seer["failslow_mitigated_pct"]),
-                     "faults_on_down_nodes": tr.on_down_nodes()})
+        rows.append(_sweep_row(s, jobs, tr, oracle_waf(jobs, tr), base, vigil, seer))
 
     def span(key: str) -> list[float] | None:
         vals = [r[key] for r in rows if r[key] is not None]
@@ -176,7 +187,7 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
     shrink = simulate("restart-only", jobs, topo, tr, costs=replace(costs, manual_shrink_s=4 * 3600.0), seed=seed,
                       initial=initial_placement(jobs, topo))
     if progress:
-        progress("vigil with a clairvoyant ski rental (told each fail-slow's remaining duration): a bound")
+        progress("vigil with a clairvoyant ski rental (told each fail-slow's remaining duration): a reference")
     seer = simulate("vigil", jobs, topo, tr, costs=costs, seed=seed, initial=initial_placement(jobs, topo),
                     failslow_pricing="clairvoyant")
     oracle = oracle_waf(jobs, tr)
@@ -197,8 +208,7 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
         "failslow_clairvoyant": {
             "what": "vigil whose ski rental is told each fail-slow's true remaining duration (no online policy can "
                     "know it); the same detection, ladder and costs",
-            "failslow_mitigated_pct": None if seer["failslow_mitigated_pct"] is None
-            else round(seer["failslow_mitigated_pct"], 2),
+            "failslow_mitigated_pct": _round(seer["failslow_mitigated_pct"]),
             "failslow_slowdown_pct": _round(seer["failslow_slowdown_pct"], 3),
             "unmitigated_slowdown_pct": _round(seer["failslow_unmitigated_slowdown_pct"], 3),
             "waf_ratio_vs_restart_only": round(seer["accumulated_waf"] / base, 4) if base > 0 else None,
@@ -228,7 +238,7 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
         "gpus": gpus,
         "seed": seed,
         "policies": {p: _summary(r, base) for p, r in runs.items()},
-        "failslow_mitigated_pct": None if mitigated is None else round(mitigated, 2),
+        "failslow_mitigated_pct": _round(mitigated),
         "failslow_reduction_vs_restart_only_pct": round(
             100.0 * (1 - vigil["failslow_slowdown_pct"] / runs["restart-only"]["failslow_slowdown_pct"]), 2)
         if vigil["failslow_slowdown_pct"] is not None and runs["restart-only"]["failslow_slowdown_pct"] else None,
@@ -254,7 +264,8 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
     result["wall_s"] = round(time.perf_counter() - wall0, 1)
     if sweep_seeds > 0 and gpus == 128:
         # after wall_s: the sweep is evidence about the targets (case 5's), not part of the run it times
-        detail["seed_sweep"] = seed_sweep(trace, gpus, sweep_seeds, costs, progress)
+        this_seed = _sweep_row(seed, jobs, tr, oracle, runs["restart-only"], vigil, seer)
+        detail["seed_sweep"] = seed_sweep(trace, gpus, sweep_seeds, costs, progress, measured={seed: this_seed})
     result["targets"] = _targets(result)
     if json_path:
         path = Path(json_path)
