@@ -272,8 +272,7 @@ class DecisionEngine:
         if spec is None or not spec.nodes or not self.known_nodes or \
                 (straggler is not None and straggler not in spec.nodes):
             return 0.0
-        busy = set().union(*(set(i.spec.nodes) for i in self.jobs.values()
-                             if i.spec is not None and i.spec.state in ("pending", "running", "restarting")))
+        busy = set().union(*(set(other.nodes) for other in self._active_specs().values()))
         if self.known_nodes - self.nodes_down - busy:
             return 0.0
         n, pp = len(spec.nodes), max(1, spec.pp)
@@ -372,12 +371,15 @@ class DecisionEngine:
                 return self._replanning(f"node {node} {event.state}", now)
         return []
 
+    def _active_specs(self) -> dict[str, JobState]:
+        """The jobs that hold or wait for nodes (pending, running, restarting), by name."""
+        return {j: i.spec for j, i in self.jobs.items()
+                if i.spec is not None and i.spec.state in ("pending", "running", "restarting")}
+
     def _replanning(self, trigger: str, now: float) -> list[Envelope]:
-        active = {j: i.spec for j, i in self.jobs.items()
-                  if i.spec is not None and i.spec.state in ("pending", "running", "restarting")}
         plan: dict[str, Any] = {"trigger": trigger}
         if self._replan is not None:
-            plan.update(self._replan(active, self.known_nodes - self.nodes_down))  # type: ignore[arg-type]
+            plan.update(self._replan(self._active_specs(), self.known_nodes - self.nodes_down))  # type: ignore[arg-type]
         key = f"replan|{trigger}|{now:.3f}"
         return [Decision(
             event_id=uuid.uuid5(_DECISION_NS, f"event|{key}"), event_time=from_seconds(now),
