@@ -370,15 +370,12 @@ class Simulation:
             return
         left = job.rate_before_leaving if job.episodes else 0.0
         if job.phase in ("running", "recompute"):
-            if left and job.rate < left * (1 - 1e-9):
-                job.slow_lost_s += dt * (1.0 - job.rate / left)
-                job.slow_exposed_s += dt
-            elif not left and job.iter_s > job.healthy_iter_s * (1 + 1e-9):
-                job.slow_lost_s += dt * (1.0 - job.healthy_iter_s / job.iter_s)
-                job.slow_exposed_s += dt
-            if job.episodes:
-                job.episode_running_s += dt
-                job.episode_unmitigated_lost_s += dt * (1.0 - 1.0 / max(job.episodes.values()))
+            if left:
+                lost_share = 1.0 - job.rate / left if job.rate < left * (1 - 1e-9) else 0.0
+            else:
+                lost_share = 1.0 - job.healthy_iter_s / job.iter_s if job.iter_s > job.healthy_iter_s * (1 + 1e-9) \
+                    else 0.0
+            self._charge_failslow(job, dt, lost_share)
         if job.phase == "running":
             work = job.rate * dt
             job.productive_s += dt
@@ -404,10 +401,18 @@ class Simulation:
             job.off_s += dt
             job.down_by["off:" + job.down_reason] = job.down_by.get("off:" + job.down_reason, 0.0) + dt
             if left:  # the restart that left the straggler found no nodes for the job: all of it is lost
-                job.slow_lost_s += dt
-                job.slow_exposed_s += dt
-                job.episode_running_s += dt
-                job.episode_unmitigated_lost_s += dt * (1.0 - 1.0 / max(job.episodes.values()))
+                self._charge_failslow(job, dt, 1.0)
+
+    @staticmethod
+    def _charge_failslow(job: JobRun, dt: float, lost_share: float) -> None:
+        """``dt`` seconds of ``job`` of which ``lost_share`` went to a slowdown, and, while fail-slow episodes
+        are open, what the same seconds would have lost unmitigated."""
+        if lost_share > 0:
+            job.slow_lost_s += dt * lost_share
+            job.slow_exposed_s += dt
+        if job.episodes:
+            job.episode_running_s += dt
+            job.episode_unmitigated_lost_s += dt * (1.0 - 1.0 / max(job.episodes.values()))
 
     def _enter(self, job: JobRun, phase: str, reason: str = "") -> None:
         self.accrue(job)
