@@ -296,8 +296,8 @@ def _targets(result: dict[str, Any]) -> dict[str, Any]:
         best = sweep[f"{sweep_key}_range"][1] if sweep and sweep[f"{sweep_key}_range"] else None
         out = {kind: value, f"{kind}_max_over_seeds": best, f"{kind}_is": what}
         if kind == "bound":
-            out["bound_reaches_target"] = max(b for b in (value, best) if b is not None) >= want \
-                if (value, best) != (None, None) else None
+            known = [b for b in (value, best) if b is not None]
+            out["bound_reaches_target"] = max(known) >= want if known else None
         return out
 
     if result["gpus"] == 128 and f"waf_ratio_{trace}" in TARGETS:
