@@ -44,7 +44,7 @@ def _name(state: object) -> str:
 
 
 def _allowed(state: object) -> str:
-    from actuators.state import TRANSITIONS, ActionState
+    from vigil.actuators.state import TRANSITIONS, ActionState
 
     try:
         targets = TRANSITIONS[ActionState(_name(state))]

@@ -1,6 +1,6 @@
 """The executor: one decision in, action results (and alerts) out; idempotent by decision id.
 
-:meth:`Executor.handle` takes a :class:`~schemas.Decision` and the current
+:meth:`Executor.handle` takes a :class:`~vigil.schemas.Decision` and the current
 time and returns the events to publish:
 
 * nothing new for a decision the ledger already holds (same ``decision_id``,
@@ -12,13 +12,13 @@ time and returns the events to publish:
   does not support, a stale decision, a safety refusal): ``pending -> failed``,
   one ``failed`` result with the reason, nothing executed; a refusal by the
   blast-radius breaker also opens the circuit and adds a sev1
-  ``actuator_circuit_open`` :class:`~schemas.Alert`;
+  ``actuator_circuit_open`` :class:`~vigil.schemas.Alert`;
 * otherwise ``pending -> running`` (a ``running`` result) and the backend's
   final state (``succeeded`` / ``failed`` / ``timed_out``, a second result).
   A backend that raises is a ``failed`` result with the exception.
 
 ``notify_human`` and ``none`` run nothing: one ``succeeded`` result saying so.
-Every state change is checked by :mod:`actuators.state` and written to the
+Every state change is checked by :mod:`vigil.actuators.state` and written to the
 ledger before the event is returned. Time is an argument (``now``, an aware
 datetime); the executor reads no clock of its own (an owner may pass one
 to stamp when an action finished).
@@ -31,15 +31,15 @@ import uuid
 from datetime import datetime
 from typing import Callable, Iterable
 
-from actuators.backends.base import Backend, Outcome
-from actuators.errors import PlanError
-from actuators.inventory import Inventory
-from actuators.ledger import Ledger, Record
-from actuators.plans import NAME_RE, NO_MACHINE_ACTIONS, Action, parse_action
-from actuators.safety import Safety
-from actuators.state import ActionState
-from schemas import ActionResult, Alert, Decision, Envelope, Source, Subject, to_seconds
-from schemas.envelope import from_seconds
+from vigil.actuators.backends.base import Backend, Outcome
+from vigil.actuators.errors import PlanError
+from vigil.actuators.inventory import Inventory
+from vigil.actuators.ledger import Ledger, Record
+from vigil.actuators.plans import NAME_RE, NO_MACHINE_ACTIONS, Action, parse_action
+from vigil.actuators.safety import Safety
+from vigil.actuators.state import ActionState
+from vigil.schemas import ActionResult, Alert, Decision, Envelope, Source, Subject, to_seconds
+from vigil.schemas.envelope import from_seconds
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +55,14 @@ class Executor:
     Parameters
     ----------
     backend : Backend
-        What acts (:mod:`actuators.backends`).
+        What acts (:mod:`vigil.actuators.backends`).
     ledger : Ledger
         The persisted record of every decision; the executor's safety state is
         rebuilt from it on construction.
     inventory : Inventory
         Known nodes and jobs; feed it ``job_state`` / ``node_state`` events with :meth:`observe`.
     safety : Safety, optional
-        Circuit breaker, no-progress guard, rate limit (defaults: :class:`~actuators.safety.SafetyLimits`).
+        Circuit breaker, no-progress guard, rate limit (defaults: :class:`~vigil.actuators.safety.SafetyLimits`).
     dry_run : bool
         Record what would run, run nothing; results say ``dry run: ...`` with backend ``dry-run:<name>``.
     source : Source, optional

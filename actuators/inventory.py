@@ -16,8 +16,8 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from actuators.plans import check_name
-from schemas import Envelope, JobState, NodeState
+from vigil.actuators.plans import check_name
+from vigil.schemas import Envelope, JobState, NodeState
 
 __all__ = ["Inventory"]
 

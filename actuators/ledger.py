@@ -1,7 +1,7 @@
 """The actuator's ledger: one row per decision, persisted in SQLite, so no decision is acted on twice.
 
 A row is written (``pending``) before anything runs and moves through the
-state machine of :mod:`actuators.state`; ``idempotency_key`` is unique, so a
+state machine of :mod:`vigil.actuators.state`; ``idempotency_key`` is unique, so a
 redelivered decision (same ``decision_id``) and a second decision carrying an
 already-used key both find the recorded row and do nothing new
 (:meth:`Ledger.lookup`).
@@ -20,7 +20,7 @@ The ledger also keeps the circuit breaker's state and the human resets
 actuator runs: SQLite in WAL mode lets one writer and readers share the
 file). One actuator owns a ledger at a time: opening it takes an exclusive
 lock on ``<path>.lock``, and a second owner is refused with a
-:class:`~actuators.errors.LedgerError`.
+:class:`~vigil.actuators.errors.LedgerError`.
 
 Timestamps are seconds since the epoch passed in by the caller; the ledger
 reads no clock.
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from actuators.errors import LedgerError
-from actuators.state import ActionState, check_transition
-from schemas import Decision
+from vigil.actuators.errors import LedgerError
+from vigil.actuators.state import ActionState, check_transition
+from vigil.schemas import Decision
 
 __all__ = ["CircuitState", "Ledger", "Record", "Reset", "STOPPED_MID_ACTION"]
 

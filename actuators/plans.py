@@ -29,8 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from actuators.errors import PlanError
-from schemas import Decision
+from vigil.actuators.errors import PlanError
+from vigil.schemas import Decision
 
 __all__ = [
     "Action", "JOB_ACTIONS", "NAME_RE", "NO_MACHINE_ACTIONS", "RESTART_ACTIONS", "check_name", "clean_reason",

@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from actuators.plans import NO_MACHINE_ACTIONS, RESTART_ACTIONS, Action
+from vigil.actuators.plans import NO_MACHINE_ACTIONS, RESTART_ACTIONS, Action
 
 __all__ = ["Refusal", "Safety", "SafetyLimits"]
 

@@ -10,14 +10,14 @@
 ``pending``: the decision is recorded in the ledger, nothing has run.
 ``running``: the backend was asked to act; its effect may be partial until
 a final state is recorded. ``succeeded``, ``failed`` and ``timed_out`` are
-terminal. Every other move raises :class:`~actuators.errors.InvalidTransition`.
+terminal. Every other move raises :class:`~vigil.actuators.errors.InvalidTransition`.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-from actuators.errors import InvalidTransition
+from vigil.actuators.errors import InvalidTransition
 
 __all__ = ["ActionState", "TERMINAL", "TRANSITIONS", "check_transition"]
 

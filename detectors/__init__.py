@@ -6,14 +6,14 @@ stream app's configuration can name it. Outside plugins register through the
 importing ``detectors`` stays free of side effects).
 """
 
-from detectors.base import REGISTRY, Detector, DetectorError, Finding, register
-from detectors import hang, heartbeat  # noqa: F401  (registration)
-from detectors import bocd, verification, baselines, xid, nic, gpu, straggler, period  # noqa: F401
+from vigil.detectors.base import REGISTRY, Detector, DetectorError, Finding, register
+from vigil.detectors import hang, heartbeat  # noqa: F401  (registration)
+from vigil.detectors import bocd, verification, baselines, xid, nic, gpu, straggler, period  # noqa: F401
 
-from detectors.hang import HangDetector
-from detectors.heartbeat import HeartbeatLoss
+from vigil.detectors.hang import HangDetector
+from vigil.detectors.heartbeat import HeartbeatLoss
 
-from detectors.verification import detect_changepoints
+from vigil.detectors.verification import detect_changepoints
 
 __all__ = ["REGISTRY", "Detector", "DetectorError", "Finding", "register", "HangDetector", "HeartbeatLoss",
            "detect_changepoints"]

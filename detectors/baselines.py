@@ -6,7 +6,7 @@
 - :class:`PageHinkleyDetector` (``page_hinkley``): river's
   ``drift.PageHinkley``, one test for increases and one for decreases.
 
-All three report change points as :class:`detectors.bocd.ChangePointDetector`
+All three report change points as :class:`vigil.detectors.bocd.ChangePointDetector`
 does (``change_detected``, ``last_change`` of kind ``"fail_slow"`` or
 ``"recovery"`` by the direction of the change, ``finding`` while slowed), are
 silent for their first ``warmup`` updates, and snapshot through the base
@@ -19,8 +19,8 @@ from typing import Any
 
 from river import drift, stats
 
-from detectors.base import DetectorError, _check_time, register
-from detectors.bocd import ChangePointDetector, _check_float, _check_int, _check_value
+from vigil.detectors.base import DetectorError, _check_time, register
+from vigil.detectors.bocd import ChangePointDetector, _check_float, _check_int, _check_value
 
 __all__ = ["SlidingWindow", "ADWINDetector", "PageHinkleyDetector"]
 

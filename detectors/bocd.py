@@ -20,7 +20,7 @@ recomputed. Only the mean and the scale of each hypothesis move with the data.
 This module also holds :class:`ChangePointDetector`, the small shared base of
 every change-point detector (BOCD, BOCD + verification and the baselines): it
 keeps the recent values and timestamps, turns a detected change into a
-:class:`~detectors.base.Finding` of kind ``"fail_slow"`` (the level went up) or
+:class:`~vigil.detectors.base.Finding` of kind ``"fail_slow"`` (the level went up) or
 ``"recovery"`` (it went down), and tracks whether the job is currently slowed.
 """
 
@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import numpy as np
 from scipy.special import gammaln
 
-from detectors.base import Detector, DetectorError, Finding, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, _check_time, register
 
 __all__ = ["BOCD", "ChangePointDetector"]
 
@@ -254,7 +254,7 @@ class BOCD(ChangePointDetector):
     which it rises above ``threshold``; its **onset** is the first value of the
     new regime, ``index - r* + 1`` with ``r*`` the most probable run length in
     ``1..window``. No verification: every such change point is reported (see
-    :class:`detectors.verification.BOCDVerify` for the Falcon-verified one).
+    :class:`vigil.detectors.verification.BOCDVerify` for the Falcon-verified one).
 
     Parameters
     ----------

@@ -55,7 +55,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = ["GpuDegradation", "THROTTLE_REASONS", "DEFAULT_THROTTLE_MASK", "decode_throttle_reasons"]
 

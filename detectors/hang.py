@@ -11,7 +11,7 @@ from typing import Any
 
 from river import stats, utils
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 
 @register

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
 
 
 @register

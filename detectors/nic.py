@@ -67,7 +67,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = ["NicCongestion", "counter_delta", "DEFAULT_WIDTHS", "CONGESTION_SIGNALS", "FLAP_COUNTERS", "ERROR_COUNTERS"]
 

@@ -39,7 +39,7 @@ from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = ["acf", "acf_period", "iteration_time_from_period", "IterationPeriod"]
 
@@ -177,7 +177,7 @@ class IterationPeriod(Detector):
     Examples
     --------
     >>> import numpy as np
-    >>> from producers.rank_traces import make_collective_stream
+    >>> from vigil.producers.rank_traces import make_collective_stream
     >>> calls, truth = make_collective_stream(np.random.default_rng(0), n_iters=30, layers=6, microbatches=2, iter_time=2.0)
     >>> det = IterationPeriod()
     >>> for op, group, t in calls:

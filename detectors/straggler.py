@@ -72,7 +72,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
 
 __all__ = ["Suspect", "Localization", "localize", "localize_window", "falcon_rule", "falcon_localize", "StragglerLocalizer"]
 
@@ -190,7 +190,7 @@ def localize(
     Examples
     --------
     >>> import numpy as np
-    >>> from producers.rank_traces import make_localization_case
+    >>> from vigil.producers.rank_traces import make_localization_case
     >>> its, truth = make_localization_case(np.random.default_rng(3), culprit="worker", grid=(4, 2, 4), n_iters=1)
     >>> loc = localize(its[0])
     >>> (loc.culprit, loc.location) == (truth["culprit"], truth["location"])
@@ -309,7 +309,7 @@ def localize_window(iterations: Sequence[Sequence[Mapping[str, Any]]], **params:
     Examples
     --------
     >>> import numpy as np
-    >>> from producers.rank_traces import make_localization_case
+    >>> from vigil.producers.rank_traces import make_localization_case
     >>> its, truth = make_localization_case(np.random.default_rng(7), culprit="link", grid=(8, 2, 4))
     >>> loc = localize_window(its)
     >>> (loc.culprit, loc.location) == ("link", truth["location"])
@@ -396,7 +396,7 @@ class StragglerLocalizer(Detector):
     Examples
     --------
     >>> import numpy as np
-    >>> from producers.rank_traces import make_localization_case
+    >>> from vigil.producers.rank_traces import make_localization_case
     >>> its, truth = make_localization_case(np.random.default_rng(11), culprit="stage", grid=(4, 4, 2), n_iters=8)
     >>> det = StragglerLocalizer()
     >>> for i, recs in enumerate(its):

@@ -4,7 +4,7 @@ Plain BOCD reports every change in the distribution, and iteration-time
 series are full of harmless ones: a garbage-collection pause, a checkpoint, a
 spike, a burst of jitter. Falcon therefore *verifies* each change point: it
 counts only when the level after it differs from the level before it by at
-least 10 %. This module implements that on top of :class:`detectors.bocd.BOCD`
+least 10 %. This module implements that on top of :class:`vigil.detectors.bocd.BOCD`
 and makes the verification robust and sequential:
 
 - a **candidate** exists while BOCD's change probability (a change within the
@@ -49,8 +49,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from detectors.base import DetectorError, register
-from detectors.bocd import BOCD, _check_float, _check_int, _median
+from vigil.detectors.base import DetectorError, register
+from vigil.detectors.bocd import BOCD, _check_float, _check_int, _median
 
 __all__ = ["BOCDVerify", "detect_changepoints"]
 
@@ -81,7 +81,7 @@ class BOCDVerify(BOCD):
     tolerance : float
         Standard errors of the estimated size allowed below ``min_rel_change``, >= 0.
     hazard, max_run_length, window, threshold, warmup, kappa0, alpha0, beta0 :
-        As :class:`detectors.bocd.BOCD`; ``threshold`` is the change
+        As :class:`vigil.detectors.bocd.BOCD`; ``threshold`` is the change
         probability that opens a candidate, ``window`` how long it lives.
 
     Examples

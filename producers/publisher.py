@@ -15,7 +15,7 @@ The publisher is in one of two modes:
     in librdkafka are purged (their delivery callbacks hand them back) and
     appended to the spool in publish order, ahead of anything newer.
 ``spooling``
-    every new message is appended to the disk spool (:mod:`producers.spool`),
+    every new message is appended to the disk spool (:mod:`vigil.producers.spool`),
     so the order of the spool is the order of publication. Every
     ``probe_interval_s`` the publisher asks the broker for metadata; when it
     answers and knows the topic at the head of the spool, the spool is
@@ -40,7 +40,7 @@ broker and still be spooled and replayed: downstream consumers deduplicate by
 event id (the design's rule), so it is never counted twice.
 
 When the spool is full it drops its oldest messages and the publisher appends
-an :class:`~schemas.events.EventsDropped` record ("dropped N events") to be
+an :class:`~vigil.schemas.events.EventsDropped` record ("dropped N events") to be
 published like any other event: never silent. Without a ``spool_dir`` a
 failed delivery is counted in ``failed`` and logged.
 
@@ -60,11 +60,11 @@ from typing import Any, Callable, Sequence
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from producers.spool import DropReport, Position, Spool, SpoolRecord
-from schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, Envelope, Source, encode, encode_batch, group_type, message_key, \
+from vigil.producers.spool import DropReport, Position, Spool, SpoolRecord
+from vigil.schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, Envelope, Source, encode, encode_batch, group_type, message_key, \
     topic_name
-from schemas.envelope import utcnow
-from schemas.events import EventsDropped
+from vigil.schemas.envelope import utcnow
+from vigil.schemas.events import EventsDropped
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class Publisher:
         """Publish one group: a single event, a batch of one type and key, or one node's samples.
 
         ``topic_type`` names the topic by its event type; by default the
-        group's own (:func:`schemas.group_type`). A node agent sends its
+        group's own (:func:`vigil.schemas.group_type`). A node agent sends its
         heartbeat to the node-samples topic even when no sample rides with it.
         """
         if not events:

@@ -18,7 +18,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Literal
 
-from schemas import (
+from vigil.schemas import (
     Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters, ProcessExit,
     Source,
     TrainingException, XidError, from_seconds,

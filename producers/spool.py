@@ -1,6 +1,6 @@
 """A bounded, append-only disk spool of Kafka messages for broker outages.
 
-While the broker is unreachable the :class:`~producers.publisher.Publisher`
+While the broker is unreachable the :class:`~vigil.producers.publisher.Publisher`
 appends every message here; when the broker answers again it reads them back
 from the head, in the order they were appended, and acknowledges them once
 Kafka has confirmed their delivery. Downstream consumers deduplicate by event

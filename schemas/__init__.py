@@ -1,14 +1,14 @@
 """Event models, the envelope, topic names and ClickHouse DDL. Depends on pydantic only."""
 
-from schemas.codec import Decoded, decode, encode, encode_batch
-from schemas.envelope import Envelope, Source, from_seconds, to_seconds, utcnow
-from schemas.errors import DecodeError, SchemaError
-from schemas.events import (
+from vigil.schemas.codec import Decoded, decode, encode, encode_batch
+from vigil.schemas.envelope import Envelope, Source, from_seconds, to_seconds, utcnow
+from vigil.schemas.errors import DecodeError, SchemaError
+from vigil.schemas.events import (
     EVENT_TYPES, ActionResult, Alert, CollectiveCall, CollectiveOp, DeadLetter, Decision, DetectorFinding,
     ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState, NicCounters, NodeState,
     ProcessExit, Subject, TrainingException, XidError,
 )
-from schemas.topics import NODE_SAMPLE_TYPES, NODE_SAMPLES, TOPICS, all_topic_names, group_type, message_key, topic_name
+from vigil.schemas.topics import NODE_SAMPLE_TYPES, NODE_SAMPLES, TOPICS, all_topic_names, group_type, message_key, topic_name
 
 __all__ = [
     "Decoded", "decode", "encode", "encode_batch", "Envelope", "Source", "from_seconds", "to_seconds",

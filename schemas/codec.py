@@ -16,9 +16,9 @@ from typing import Annotated, Iterable, Union
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from schemas.envelope import Envelope
-from schemas.errors import DecodeError
-from schemas.events import EVENT_TYPES
+from vigil.schemas.envelope import Envelope
+from vigil.schemas.errors import DecodeError
+from vigil.schemas.events import EVENT_TYPES
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from schemas.envelope import Envelope, Frozen
+from vigil.schemas.envelope import Envelope, Frozen
 
 # --- telemetry --------------------------------------------------------------
 

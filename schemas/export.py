@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from schemas.events import EVENT_TYPES
+from vigil.schemas.events import EVENT_TYPES
 
 #: Where the checked-in schemas live; a test fails when they drift from the models.
 CHECKED_IN = Path(__file__).parent / "json"

@@ -26,8 +26,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
 
-from schemas.envelope import Envelope
-from schemas.events import EVENT_TYPES
+from vigil.schemas.envelope import Envelope
+from vigil.schemas.events import EVENT_TYPES
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from schemas.envelope import Envelope
+from vigil.schemas.envelope import Envelope
 
 
 @dataclass(frozen=True)

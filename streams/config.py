@@ -35,6 +35,6 @@ class StreamConfig:
         return {"bootstrap.servers": self.bootstrap, **self.kafka_security, **extra}
 
     def topic(self, event_type: str) -> str:
-        from schemas.topics import topic_name
+        from vigil.schemas.topics import topic_name
 
         return topic_name(event_type, self.topic_prefix)

@@ -11,7 +11,7 @@ Each detector's current findings are diffed against what was last reported,
 so the engine emits a ``raised`` finding when a condition begins and a
 ``cleared`` one when it ends. Events that are failures in themselves
 (a process exit, an exception) are raised once and never cleared; the
-correlator expires them. The faust worker (``streams.worker``) feeds the
+correlator expires them. The faust worker (``vigil.streams.worker``) feeds the
 engine and ticks it; tests and replays drive it directly on simulated time.
 """
 
@@ -24,18 +24,18 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from detectors import Detector, Finding, HangDetector, HeartbeatLoss
-from detectors.gpu import GpuDegradation
-from detectors.nic import NicCongestion
-from detectors.period import IterationPeriod
-from detectors.straggler import StragglerLocalizer
-from detectors.verification import BOCDVerify
-from detectors.xid import XidDetector
-from schemas import (
+from vigil.detectors import Detector, Finding, HangDetector, HeartbeatLoss
+from vigil.detectors.gpu import GpuDegradation
+from vigil.detectors.nic import NicCongestion
+from vigil.detectors.period import IterationPeriod
+from vigil.detectors.straggler import StragglerLocalizer
+from vigil.detectors.verification import BOCDVerify
+from vigil.detectors.xid import XidDetector
+from vigil.schemas import (
     CollectiveCall, DetectorFinding, Envelope, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters,
     ProcessExit, Source, Subject, TrainingException, XidError, from_seconds, to_seconds,
 )
-from streams.incidents import subject_key
+from vigil.streams.incidents import subject_key
 
 _FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
 
@@ -75,7 +75,7 @@ class EngineParams:
     #: Events stamped further ahead of the worker's clock than this are refused
     #: (a node with a broken clock must not hold a subject "alive" for hours).
     max_future_s: float = 60.0
-    #: Detector plugins (see :mod:`streams.plugins`): fed the events they consume.
+    #: Detector plugins (see :mod:`vigil.streams.plugins`): fed the events they consume.
     plugins: tuple[type[Detector], ...] = ()
 
 

@@ -17,7 +17,7 @@ import faust
 from faust.auth import SASLCredentials, SSLCredentials
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from streams.config import StreamConfig
+from vigil.streams.config import StreamConfig
 
 log = logging.getLogger(__name__)
 

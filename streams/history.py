@@ -19,10 +19,10 @@ from typing import Any, Iterable
 
 import clickhouse_connect
 
-from schemas import Envelope
-from schemas.events import EVENT_TYPES
-from schemas.tables import TABLE_SPECS, column_values, columns, create_table_sql, table_name
-from streams.analytics import ROLLUPS, migrate_analytics
+from vigil.schemas import Envelope
+from vigil.schemas.events import EVENT_TYPES
+from vigil.schemas.tables import TABLE_SPECS, column_values, columns, create_table_sql, table_name
+from vigil.streams.analytics import ROLLUPS, migrate_analytics
 
 
 @contextlib.contextmanager
@@ -269,7 +269,7 @@ class HistoryStore:
     _IN_CHUNK = 10_000
 
     def insert_block(self, block: Any) -> int | None:
-        """Insert a block prepared by :mod:`streams.sinkprep`; return the rows written, or None
+        """Insert a block prepared by :mod:`vigil.streams.sinkprep`; return the rows written, or None
         (nothing written) when some of its ids may be stored already: the caller then
         inserts its events with :meth:`insert_events`, which leaves those out."""
         keys = dict.fromkeys(block.keys)

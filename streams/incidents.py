@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas import Alert, DetectorFinding, Source, Subject, from_seconds, to_seconds
+from vigil.schemas import Alert, DetectorFinding, Source, Subject, from_seconds, to_seconds
 
 _INCIDENT_NS = uuid.UUID("0b6c1a52-8f0e-4a43-9d4b-6b8f3e1f2a90")
 MAX_EVIDENCE = 100

@@ -9,14 +9,14 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from schemas import TOPICS, DeadLetter, DecodeError, Envelope, Source, encode, from_seconds, utcnow
+from vigil.schemas import TOPICS, DeadLetter, DecodeError, Envelope, Source, encode, from_seconds, utcnow
 
 #: Namespace of dead-letter ids: one bad record keeps one id whoever reports it.
 _DEAD_LETTER_NS = uuid.UUID("6f1c1d7e-2f55-4d0e-9a51-5a8c0f5d7c11")
 
 
 def ensure_topics(kafka_conf: dict[str, Any], prefix: str, timeout_s: float = 15.0) -> list[str]:
-    """Create every topic of :data:`schemas.TOPICS` under ``prefix``; existing ones are kept."""
+    """Create every topic of :data:`vigil.schemas.TOPICS` under ``prefix``; existing ones are kept."""
     admin = AdminClient(kafka_conf)
     existing = set(admin.list_topics(timeout=timeout_s).topics)
     wanted = [NewTopic(spec.name(prefix), num_partitions=spec.partitions, replication_factor=1)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from schemas import Alert, DetectorFinding, Envelope
-from streams.detection import DetectionEngine, EngineParams
-from streams.incidents import Correlator
+from vigil.schemas import Alert, DetectorFinding, Envelope
+from vigil.streams.detection import DetectionEngine, EngineParams
+from vigil.streams.incidents import Correlator
 
 
 class InProcessPipeline:

@@ -1,6 +1,6 @@
-"""The plans the decision engine attaches to its decisions, from the planners in :mod:`actuators.planners`.
+"""The plans the decision engine attaches to its decisions, from the planners in :mod:`vigil.actuators.planners`.
 
-The decision engine knows jobs by their :class:`~schemas.JobState` (nodes in
+The decision engine knows jobs by their :class:`~vigil.schemas.JobState` (nodes in
 rank order, dp x pp x tp, weight, minimum GPUs) and failures by their alerts;
 this module turns that into planner inputs and the planners' answers into the
 plan contract the actuators validate:
@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from actuators.planners import JobSpec, consolidate_stragglers, plan_workers, rebalance_microbatches, \
+from vigil.actuators.planners import JobSpec, consolidate_stragglers, plan_workers, rebalance_microbatches, \
     reroute_congested_link
-from schemas import JobState
+from vigil.schemas import JobState
 
 GPUS_PER_NODE = 8
 

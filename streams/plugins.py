@@ -1,6 +1,6 @@
 """Detector plugins: classes registered under the ``vigil.detectors`` entry point.
 
-A plugin is a :class:`detectors.Detector` subclass that also says what it
+A plugin is a :class:`vigil.detectors.Detector` subclass that also says what it
 reads and how instances are keyed::
 
     class PowerCap(Detector):
@@ -11,7 +11,7 @@ reads and how instances are keyed::
 
         def update(self, event, *, t): ...   # a schemas event, t = its time
         @property
-        def finding(self): ...               # a detectors.Finding or None
+        def finding(self): ...               # a vigil.detectors.Finding or None
 
 and is published by its package's metadata::
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 from importlib.metadata import entry_points
 
-from detectors import REGISTRY, Detector, DetectorError
-from schemas import EVENT_TYPES
+from vigil.detectors import REGISTRY, Detector, DetectorError
+from vigil.schemas import EVENT_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class PluginError(DetectorError):
 
 def check_plugin(cls: object, origin: str) -> type[Detector]:
     if not (isinstance(cls, type) and issubclass(cls, Detector)):
-        raise PluginError(f"{origin}: {cls!r} is not a detectors.Detector subclass")
+        raise PluginError(f"{origin}: {cls!r} is not a vigil.detectors.Detector subclass")
     if not cls.name:
         raise PluginError(f"{origin}: {cls.__qualname__} has no name")
     consumes = getattr(cls, "consumes", None)
@@ -55,7 +55,7 @@ def check_plugin(cls: object, origin: str) -> type[Detector]:
 
 
 def load_plugins() -> dict[str, type[Detector]]:
-    """Every installed plugin, registered in :data:`detectors.REGISTRY` too.
+    """Every installed plugin, registered in :data:`vigil.detectors.REGISTRY` too.
 
     A plugin that fails to import or breaks the contract is reported and
     skipped: one bad package must not stop detection.

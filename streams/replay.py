@@ -21,10 +21,10 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, TopicPartition
 
-from schemas import all_topic_names
-from streams.config import StreamConfig
-from streams.history import HistoryStore
-from streams.sink import HistorySink, SinkStats
+from vigil.schemas import all_topic_names
+from vigil.streams.config import StreamConfig
+from vigil.streams.history import HistoryStore
+from vigil.streams.sink import HistorySink, SinkStats
 
 
 @dataclass

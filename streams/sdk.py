@@ -8,7 +8,7 @@ the alert topic). The history client answers SQL.
 
 Example (``examples/stream_app/hot_gpu.py``)::
 
-    from streams.sdk import StreamApp
+    from vigil.streams.sdk import StreamApp
 
     app = StreamApp("hot-gpu", consumes=["gpu_telemetry"])
 
@@ -39,10 +39,10 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, KafkaError, Producer
 
-from schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, DetectorFinding, Envelope, Source, Subject, decode, encode, message_key, \
+from vigil.schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, DetectorFinding, Envelope, Source, Subject, decode, encode, message_key, \
     topic_name, utcnow
-from streams.incidents import subject_key
-from streams.kafka import dead_letter, refused_event
+from vigil.streams.incidents import subject_key
+from vigil.streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)
 _FINDING_NS = uuid.UUID("3c0c7f55-54a4-4b8b-9d55-0a8f8e1b6d21")

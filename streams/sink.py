@@ -10,7 +10,7 @@ A message that does not decode is stored as a dead letter, with its reason
 and raw bytes, and the sink goes on.
 
 Decoding and serializing are most of the work: for a large batch they run in
-a pool of processes (:mod:`streams.sinkprep`) while this thread inserts the
+a pool of processes (:mod:`vigil.streams.sinkprep`) while this thread inserts the
 chunks already prepared. Whatever the fast path cannot take (a bad message, a
 block whose ids may be stored already, a value the store refuses) goes the
 careful way here, event by event.
@@ -29,11 +29,11 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
-from schemas import Envelope, all_topic_names, decode
-from streams.config import StreamConfig
-from streams.history import HistoryStore, gc_paused, gc_resumed
-from streams.kafka import dead_letter, refused_event
-from streams.sinkprep import Block, Prepared, default_processes, new_pool, prepare
+from vigil.schemas import Envelope, all_topic_names, decode
+from vigil.streams.config import StreamConfig
+from vigil.streams.history import HistoryStore, gc_paused, gc_resumed
+from vigil.streams.kafka import dead_letter, refused_event
+from vigil.streams.sinkprep import Block, Prepared, default_processes, new_pool, prepare
 
 log = logging.getLogger(__name__)
 

@@ -33,9 +33,9 @@ from clickhouse_connect.datatypes.registry import get_from_name
 from clickhouse_connect.driver.common import write_leb128
 from clickhouse_connect.driver.insert import InsertContext
 
-from schemas import Envelope, decode
-from schemas.tables import TABLE_SPECS, column_values, columns
-from streams.history import gc_paused, insertable_columns
+from vigil.schemas import Envelope, decode
+from vigil.schemas.tables import TABLE_SPECS, column_values, columns
+from vigil.streams.history import gc_paused, insertable_columns
 
 
 @dataclass

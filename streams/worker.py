@@ -22,19 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from detectors import DetectorError
-from schemas import TOPICS, ActionResult, Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, \
+from vigil.detectors import DetectorError
+from vigil.schemas import TOPICS, ActionResult, Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, \
     encode, message_key
-from streams.config import StreamConfig
-from streams.decisions import DecisionEngine
-from streams.detection import DetectionEngine, EngineParams
-from streams.escalation import Escalation
-from streams.planning import replan
-from streams.faustapp import VigilApp, create_app
-from streams.incidents import Correlator
-from streams.kafka import dead_letter, refused_event
-from streams.plugins import load_plugins
-from streams.recovery import read_before_committed, read_recent
+from vigil.streams.config import StreamConfig
+from vigil.streams.decisions import DecisionEngine
+from vigil.streams.detection import DetectionEngine, EngineParams
+from vigil.streams.escalation import Escalation
+from vigil.streams.planning import replan
+from vigil.streams.faustapp import VigilApp, create_app
+from vigil.streams.incidents import Correlator
+from vigil.streams.kafka import dead_letter, refused_event
+from vigil.streams.plugins import load_plugins
+from vigil.streams.recovery import read_before_committed, read_recent
 
 log = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ class _Feedback:
         self._consumer: Any = None
 
     def poll(self, max_messages: int = 500) -> list[tuple[Envelope, bool]]:
-        from streams.kafka import reader
+        from vigil.streams.kafka import reader
 
         if self._consumer is None:
             self._consumer = reader(self.config.kafka_conf(),

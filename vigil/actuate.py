@@ -1,4 +1,4 @@
-"""The actuator service: decisions from Kafka through an :class:`~actuators.executor.Executor`, results back.
+"""The actuator service: decisions from Kafka through an :class:`~vigil.actuators.executor.Executor`, results back.
 
 :class:`ActuatorService` is a plain confluent-kafka consumer (like the history
 sink): it reads ``<prefix>.decisions`` and, for the inventory,
@@ -29,11 +29,11 @@ from typing import Any, Callable, Iterable, List, Optional
 
 import typer
 
-from actuators.backends import ControlDirProcesses, KubernetesBackend, LocalBackend, SlurmBackend
-from actuators.errors import ActuatorError
-from actuators.executor import Executor
-from schemas import Decision, Envelope, encode, message_key, topic_name
-from schemas.envelope import to_seconds, utcnow
+from vigil.actuators.backends import ControlDirProcesses, KubernetesBackend, LocalBackend, SlurmBackend
+from vigil.actuators.errors import ActuatorError
+from vigil.actuators.executor import Executor
+from vigil.schemas import Decision, Envelope, encode, message_key, topic_name
+from vigil.schemas.envelope import to_seconds, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ __all__ = ["ActuatedSupervisor", "ActuatorService", "AgentActuator", "Supervisor
 
 
 class SupervisorControl:
-    """:class:`~actuators.backends.local.ProcessControl` on top of a :class:`~producers.agent.ProcessSupervisor`."""
+    """:class:`~vigil.actuators.backends.local.ProcessControl` on top of a :class:`~vigil.producers.agent.ProcessSupervisor`."""
 
     def __init__(self, supervisor: Any, job: str, grace_s: float = 10.0) -> None:
         self.supervisor = supervisor
@@ -128,8 +128,8 @@ class ActuatorService:
         """Handle one batch of messages, publish, commit; return messages handled."""
         from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, TopicPartition
 
-        from schemas import decode
-        from streams.kafka import dead_letter, refused_event
+        from vigil.schemas import decode
+        from vigil.streams.kafka import dead_letter, refused_event
 
         messages = self._consumer.consume(self.batch_size, timeout=self.poll_timeout_s)
         offsets: dict[tuple[str, int], int] = {}
@@ -228,10 +228,10 @@ class AgentActuator:
                  max_age_s: float | None = 600.0, group_id: str | None = None, session_timeout_s: float = 6.0,
                  heartbeat_interval_s: float = 1.0, ready_file: Path | None = None,
                  on_give_up: Callable[[str], None] | None = None) -> None:
-        from actuators.inventory import Inventory
-        from actuators.ledger import Ledger
-        from actuators.safety import Safety, SafetyLimits
-        from schemas import Source
+        from vigil.actuators.inventory import Inventory
+        from vigil.actuators.ledger import Ledger
+        from vigil.actuators.safety import Safety, SafetyLimits
+        from vigil.schemas import Source
 
         self.job = job
         self.control = SupervisorControl(supervisor, job, grace_s)
@@ -383,10 +383,10 @@ def actuate(
     ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
     log_level: str = typer.Option("INFO", help="Python log level."),
 ) -> None:
-    from actuators.inventory import Inventory
-    from actuators.ledger import Ledger
-    from actuators.safety import Safety, SafetyLimits
-    from schemas import Source
+    from vigil.actuators.inventory import Inventory
+    from vigil.actuators.ledger import Ledger
+    from vigil.actuators.safety import Safety, SafetyLimits
+    from vigil.schemas import Source
     from vigil.broker import StackError
     from vigil.cliutil import settings_and_logging
     from vigil.stack import resolve_bootstrap

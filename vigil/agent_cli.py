@@ -103,14 +103,14 @@ def agent(
     no-progress guard gives up (--max-restarts-without-progress restarts
     without a new training step).
     """
-    from producers.agent import (
+    from vigil.producers.agent import (
         Agent, DiskWatchdog, GpuMemoryWatchdog, HeartbeatCollector, JobLivenessWatchdog, KmsgCollector,
         LogStalenessWatchdog, MemoryWatchdog, NicCollector, NvmlTelemetryCollector, NvmlXidCollector, PidWatcher,
         ProcessSupervisor,
     )
-    from producers.publisher import Publisher
-    from producers.training import NodeBatcher
-    from schemas import Source
+    from vigil.producers.publisher import Publisher
+    from vigil.producers.training import NodeBatcher
+    from vigil.schemas import Source
     from vigil.broker import StackError
     from vigil.cliutil import settings_and_logging
     from vigil.stack import resolve_bootstrap
@@ -163,8 +163,8 @@ def agent(
     stop = threading.Event()
     actuator = None
     if actuate:
-        from actuators.errors import ActuatorError
-        from actuators.safety import SafetyLimits
+        from vigil.actuators.errors import ActuatorError
+        from vigil.actuators.safety import SafetyLimits
         from vigil.actuate import ActuatedSupervisor, AgentActuator
 
         def give_up(reason: str) -> None:

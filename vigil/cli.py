@@ -118,7 +118,7 @@ def worker(
     """
     from vigil.broker import StackError
     from vigil.stack import resolve_bootstrap, stream_config
-    from streams.worker import run_worker
+    from vigil.streams.worker import run_worker
 
     settings = _settings()
     try:
@@ -160,7 +160,7 @@ def sql(
     process_exits, training_exceptions, job_states, node_states, decisions,
     actions, dead_letters.
     """
-    from streams.history import HistoryError
+    from vigil.streams.history import HistoryError
     from vigil.stack import open_history
 
     settings = _settings()
@@ -215,8 +215,8 @@ def tail_alerts(
     """Follow the alert topic live (Ctrl-C to stop)."""
     from vigil.broker import StackError
     from vigil.stack import resolve_bootstrap, stream_config
-    from schemas import Alert, decode
-    from streams.kafka import reader
+    from vigil.schemas import Alert, decode
+    from vigil.streams.kafka import reader
 
     settings = _settings()
     try:
@@ -250,7 +250,7 @@ def tail_alerts(
 
 
 def format_alert(alert: "object") -> str:
-    from schemas import Alert
+    from vigil.schemas import Alert
 
     assert isinstance(alert, Alert)
     colour = {1: "red", 2: "yellow", 3: "cyan"}[alert.severity]
@@ -448,7 +448,7 @@ def bench_policies(
 @schemas_app.command("export")
 def schemas_export(directory: Path = typer.Argument(..., help="Folder to write <event_type>.json files into.")) -> None:
     """Write the JSON Schema of every event type (what subscribers validate against)."""
-    from schemas.export import export_json_schemas
+    from vigil.schemas.export import export_json_schemas
 
     written = export_json_schemas(directory)
     console.print(f"wrote {len(written)} schemas to {directory}")
@@ -464,7 +464,7 @@ def migrate() -> None:
     VIGIL_TELEMETRY_TTL_DAYS days (0 = forever; per table:
     VIGIL_TELEMETRY_TTL_OVERRIDES='{"gpu_telemetry": 7}').
     """
-    from streams.history import HistoryError, HistoryStore
+    from vigil.streams.history import HistoryError, HistoryStore
 
     settings = _settings()
     try:
@@ -506,8 +506,8 @@ def replay(
     """
     from vigil.broker import StackError
     from vigil.stack import resolve_bootstrap, stream_config
-    from streams.history import HistoryError, HistoryStore
-    from streams.replay import replay as run_replay
+    from vigil.streams.history import HistoryError, HistoryStore
+    from vigil.streams.replay import replay as run_replay
 
     settings = _settings()
     t0, t1 = _parse_time(since, "--from"), _parse_time(until, "--to")
@@ -544,7 +544,7 @@ def report(
     """
     from datetime import datetime, timezone
 
-    from streams.history import HistoryError
+    from vigil.streams.history import HistoryError
     from vigil.report import collect, parse_when, print_report, render_html
     from vigil.stack import open_history
 

@@ -27,10 +27,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from producers.publisher import Publisher
-from producers.simulator import ClusterSimulator, Fault, demo_scenario
-from schemas import Alert, Decision, decode
-from streams.kafka import reader
+from vigil.producers.publisher import Publisher
+from vigil.producers.simulator import ClusterSimulator, Fault, demo_scenario
+from vigil.schemas import Alert, Decision, decode
+from vigil.streams.kafka import reader
 from vigil.broker import StackError, die_with_parent
 from vigil.settings import Settings
 from vigil.stack import EmbeddedStack, StackInfo, wait_for_file

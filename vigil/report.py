@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Protocol
 
-from streams.analytics import window_args
+from vigil.streams.analytics import window_args
 
 #: Most points plotted per job; longer series are averaged into buckets (max kept too).
 MAX_POINTS = 2000

@@ -17,10 +17,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from streams.config import StreamConfig
-from streams.history import HistoryError, HistoryStore, QueryResult
-from streams.kafka import ensure_topics
-from streams.sink import HistorySink
+from vigil.streams.config import StreamConfig
+from vigil.streams.history import HistoryError, HistoryStore, QueryResult
+from vigil.streams.kafka import ensure_topics
+from vigil.streams.sink import HistorySink
 from vigil.broker import StackError, TansuBroker, find_tansu, wait_for_metadata
 from vigil.settings import Settings
 

@@ -2,8 +2,8 @@
 
 A backend has a ``name``, the set of actions it ``supports``, and
 ``execute(decision, dry_run) -> Outcome``. ``decision`` is a
-:class:`~schemas.Decision` or an already validated
-:class:`~actuators.plans.Action`; a backend validates what it is given
+:class:`~vigil.schemas.Decision` or an already validated
+:class:`~vigil.actuators.plans.Action`; a backend validates what it is given
 (names included) before it runs anything, so it is safe to call on its own.
 
 Scheduler backends (:class:`CommandBackend`) turn an action into a list of
@@ -29,9 +29,9 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from actuators.plans import Action, parse_action
-from actuators.state import ActionState
-from schemas import Decision
+from vigil.actuators.plans import Action, parse_action
+from vigil.actuators.state import ActionState
+from vigil.schemas import Decision
 
 __all__ = ["Backend", "CommandBackend", "CommandResult", "Outcome", "as_action", "run_command", "unsupported"]
 

@@ -22,8 +22,8 @@ operator's configuration, not the decision's. ``placement`` is not applied
 
 from __future__ import annotations
 
-from actuators.backends.base import CommandBackend
-from actuators.plans import Action, check_name
+from vigil.actuators.backends.base import CommandBackend
+from vigil.actuators.plans import Action, check_name
 
 __all__ = ["KubernetesBackend"]
 

@@ -18,12 +18,12 @@ others              failed: not supported by the local backend
 
 ``plan.nodes`` names the nodes whose processes restart; an actuator on a
 node not named does nothing and says so (``succeeded``, "nothing to do on
-node ..."). A rank's control socket is :func:`~producers.training.control.control_path`
+node ..."). A rank's control socket is :func:`~vigil.schemas.control.control_path`
 of the job and rank under ``control_dir``.
 
 :class:`ProcessControl` is what the backend needs from a supervisor
 (``vigil agent --actuate`` implements it on its
-:class:`~producers.agent.process.ProcessSupervisor`);
+:class:`~vigil.producers.agent.process.ProcessSupervisor`);
 :class:`ControlDirProcesses` is the stand-in for ``vigil actuate --backend
 local`` with no supervisor: it finds ranks by their control sockets and
 cannot restart anything.
@@ -36,12 +36,12 @@ import re
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
-from actuators.backends.base import Outcome, as_action, unsupported
-from actuators.errors import ActuatorError
-from actuators.plans import Action
-from actuators.state import ActionState
-from producers.training.control import ControlError, control_path, send_command
-from schemas import Decision
+from vigil.actuators.backends.base import Outcome, as_action, unsupported
+from vigil.actuators.errors import ActuatorError
+from vigil.actuators.plans import Action
+from vigil.actuators.state import ActionState
+from vigil.schemas.control import ControlError, control_path, send_command
+from vigil.schemas import Decision
 
 __all__ = ["ControlDirProcesses", "LocalBackend", "ProcessControl"]
 

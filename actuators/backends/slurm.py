@@ -24,7 +24,7 @@ events. ``placement`` is not applied by Slurm (noted in the detail).
 
 The drain reason is one argv element ``reason=vigil <decision>: <text>``,
 control characters removed and length-capped; names are validated against
-:data:`~actuators.plans.NAME_RE` before any command is built.
+:data:`~vigil.actuators.plans.NAME_RE` before any command is built.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from actuators.backends.base import CommandBackend
-from actuators.plans import Action, clean_reason
+from vigil.actuators.backends.base import CommandBackend
+from vigil.actuators.plans import Action, clean_reason
 
 __all__ = ["SlurmBackend"]
 

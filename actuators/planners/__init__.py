@@ -1,20 +1,20 @@
 """Planners: pure functions that decide allocations and layouts (no I/O, no clock).
 
-- :mod:`~actuators.planners.waf`: multi-job re-planning, the worker allocation
+- :mod:`~vigil.actuators.planners.waf`: multi-job re-planning, the worker allocation
   maximising weighted achieved FLOP/s (Unicron).
-- :mod:`~actuators.planners.placement`: topology-aware placement of a DP x PP
+- :mod:`~vigil.actuators.planners.placement`: topology-aware placement of a DP x PP
   job on minipods (Arnold), with best-fit, random-fit and packing baselines.
-- :mod:`~actuators.planners.microbatch`: micro-batch rebalancing across DP
+- :mod:`~vigil.actuators.planners.microbatch`: micro-batch rebalancing across DP
   groups (Falcon, mitigation S2).
-- :mod:`~actuators.planners.topology`: straggler consolidation and congested
+- :mod:`~vigil.actuators.planners.topology`: straggler consolidation and congested
   link re-routing by node swaps (Falcon, mitigation S3).
 
 Every planner validates its inputs and raises ``ValueError`` naming the
 offending field; ``vigil bench planners`` measures their speed.
 """
 
-from actuators.planners.microbatch import MicrobatchPlan, rebalance_microbatches
-from actuators.planners.placement import (
+from vigil.actuators.planners.microbatch import MicrobatchPlan, rebalance_microbatches
+from vigil.actuators.planners.placement import (
     Placement,
     place_best_fit,
     place_job,
@@ -22,8 +22,8 @@ from actuators.planners.placement import (
     place_random_fit,
     placement_spread,
 )
-from actuators.planners.topology import TopologyPlan, consolidate_stragglers, reroute_congested_link
-from actuators.planners.waf import JobSpec, Plan, job_gains, plan_workers
+from vigil.actuators.planners.topology import TopologyPlan, consolidate_stragglers, reroute_congested_link
+from vigil.actuators.planners.waf import JobSpec, Plan, job_gains, plan_workers
 
 __all__ = [
     "JobSpec", "Plan", "job_gains", "plan_workers",

@@ -6,7 +6,7 @@ place that reads the clock). A collector that cannot work at all raises (e.g.
 :class:`CollectorUnavailable` when NVML is not there); one that works in part
 (one counter file unreadable) calls :meth:`Collector.problem` and returns
 what it could read. :class:`HealthTracker` turns both into
-:class:`~schemas.events.AgentHealth` events: ``failed`` the first time a
+:class:`~vigil.schemas.events.AgentHealth` events: ``failed`` the first time a
 problem is seen, nothing while it persists (only counted), ``recovered``
 once it is gone.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from schemas import Envelope, Source
-from schemas.events import AgentHealth
+from vigil.schemas import Envelope, Source
+from vigil.schemas.events import AgentHealth
 
 __all__ = ["Collector", "CollectorUnavailable", "HealthTracker"]
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from producers.agent.base import Collector, CollectorUnavailable
-from schemas import Envelope, GpuTelemetry, Source, XidError
+from vigil.producers.agent.base import Collector, CollectorUnavailable
+from vigil.schemas import Envelope, GpuTelemetry, Source, XidError
 
 __all__ = ["NvmlTelemetryCollector", "NvmlXidCollector", "load_nvml"]
 
@@ -217,7 +217,7 @@ def _short_pci(bus: str | None) -> str | None:
     if not bus:
         return None
     try:
-        from detectors.xid import normalize_pci
+        from vigil.schemas.xid import normalize_pci
 
         return normalize_pci(bus)
     except Exception:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from producers.agent.base import Collector
-from schemas import Envelope, Heartbeat, Source
+from vigil.producers.agent.base import Collector
+from vigil.schemas import Envelope, Heartbeat, Source
 
 
 class HeartbeatCollector(Collector):

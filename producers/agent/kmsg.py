@@ -6,8 +6,8 @@
 
 (priority, sequence, microseconds since boot, flags; then the message, and
 continuation lines starting with a space). Every ``NVRM: Xid`` line and the
-bare "fallen off the bus" line become :class:`~schemas.XidError` events with
-the raw line kept, parsed by :func:`detectors.xid.parse_xid_line`.
+bare "fallen off the bus" line become :class:`~vigil.schemas.XidError` events with
+the raw line kept, parsed by :func:`vigil.schemas.xid.parse_xid_line`.
 
 The collector opens the device non-blocking and starts at its end (old XIDs
 from before the agent started are not re-reported; ``from_start=True`` reads
@@ -25,9 +25,9 @@ import stat
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from detectors.xid import parse_xid_line
-from producers.agent.base import Collector, CollectorUnavailable
-from schemas import Envelope, Source, XidError
+from vigil.schemas.xid import parse_xid_line
+from vigil.producers.agent.base import Collector, CollectorUnavailable
+from vigil.schemas import Envelope, Source, XidError
 
 __all__ = ["KmsgCollector", "parse_kmsg_record", "xid_event"]
 

@@ -3,7 +3,7 @@
 The root is ``/sys/class/infiniband`` on a real node and configurable so
 tests use a fixture tree with the same layout. Values are reported as read
 (cumulative); wraps and resets are the detector's business
-(:func:`detectors.nic.counter_delta`), since only it knows the previous
+(:func:`vigil.detectors.nic.counter_delta`), since only it knows the previous
 reading and the counter widths. A file that is missing or unreadable is
 reported once as a health problem (keyed by its path) and the rest of the
 port is still read; a root that does not exist makes the collector
@@ -16,8 +16,8 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from producers.agent.base import Collector, CollectorUnavailable
-from schemas import Envelope, NicCounters, Source
+from vigil.producers.agent.base import Collector, CollectorUnavailable
+from vigil.schemas import Envelope, NicCounters, Source
 
 __all__ = ["NicCollector", "read_port", "parse_state"]
 

@@ -6,7 +6,7 @@ rank, with the environment torchrun sets (``RANK``, ``LOCAL_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``) and what the hooks read (``VIGIL_JOB``,
 ``VIGIL_NODE``, ``VIGIL_CLUSTER``, ``VIGIL_HOOKS_SOCKET``,
 ``VIGIL_CONTROL_DIR``, ``VIGIL_RESTART_COUNT``), and reports each exit as a
-:class:`~schemas.ProcessExit` with its exit code or the signal that killed it.
+:class:`~vigil.schemas.ProcessExit` with its exit code or the signal that killed it.
 
 :meth:`ProcessSupervisor.restart` stops every rank (SIGTERM, SIGKILL after a
 grace period) and launches them again with ``VIGIL_RESTART_COUNT`` one
@@ -33,8 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from producers.agent.base import Collector
-from schemas import Envelope, ProcessExit, Source
+from vigil.producers.agent.base import Collector
+from vigil.schemas import Envelope, ProcessExit, Source
 
 log = logging.getLogger(__name__)
 

@@ -27,9 +27,9 @@ import time
 from datetime import datetime
 from typing import Any, Callable, Sequence
 
-from producers.agent.base import Collector, HealthTracker
-from schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, Envelope, Heartbeat, Source, message_key
-from schemas.envelope import utcnow
+from vigil.producers.agent.base import Collector, HealthTracker
+from vigil.schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, Envelope, Heartbeat, Source, message_key
+from vigil.schemas.envelope import utcnow
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Watchdogs against the avoidable failures of long runs.
 
-Each check reports a :class:`~schemas.events.WatchdogReport` per target per
+Each check reports a :class:`~vigil.schemas.events.WatchdogReport` per target per
 interval: the level, its limit, its trend over a window, the estimated time
 until the limit at that trend, and a status:
 
@@ -38,9 +38,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from producers.agent.base import Collector, CollectorUnavailable
-from schemas import Envelope, Source
-from schemas.events import WatchdogReport
+from vigil.producers.agent.base import Collector, CollectorUnavailable
+from vigil.schemas import Envelope, Source
+from vigil.schemas.events import WatchdogReport
 
 __all__ = ["trend", "judge_level", "DiskWatchdog", "MemoryWatchdog", "GpuMemoryWatchdog", "JobLivenessWatchdog",
            "LogStalenessWatchdog"]
@@ -197,7 +197,7 @@ class GpuMemoryWatchdog(Collector):
                  warn_s: float = 3600, critical_s: float = 600, warn_fraction: float = 0.95,
                  critical_fraction: float = 0.99) -> None:
         super().__init__(interval_s, source)
-        from producers.agent.gpu import NvmlTelemetryCollector
+        from vigil.producers.agent.gpu import NvmlTelemetryCollector
 
         self._nv = NvmlTelemetryCollector(interval_s, source, nvml)  # reuses its NVML setup
         self.kw = dict(warn_s=warn_s, critical_s=critical_s, warn_fraction=warn_fraction, critical_fraction=critical_fraction)

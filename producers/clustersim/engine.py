@@ -8,17 +8,17 @@ fail-slow, a placement change), so the simulator advances each job from
 event to event and computes its progress analytically: in a segment of
 ``dt`` seconds at ``t`` seconds per iteration the job does ``dt / t``
 iterations, i.e. ``flops_per_iteration * dt / t`` FLOPs. The iteration time
-comes from the model (:mod:`producers.clustersim.model`: per-node compute,
+comes from the model (:mod:`vigil.producers.clustersim.model`: per-node compute,
 all-reduce and pipeline traffic, fail-slow factors, mitigations, placement).
 The event queue is ordered by (time, sequence number), so a run is a pure
 function of its inputs and seed.
 
 Real detection and real decisions run only where they matter (see
-:mod:`producers.clustersim.probes` and :mod:`producers.clustersim.policies`):
+:mod:`vigil.producers.clustersim.probes` and :mod:`vigil.producers.clustersim.policies`):
 fail-stops go through the live detectors on a short window around them,
 fail-slows through BOCD + verification on windows of sampled iteration times
 around each change of a job's speed, and the vigil policy drives the live
-:class:`streams.decisions.DecisionEngine` with the alerts that come out and
+:class:`vigil.streams.decisions.DecisionEngine` with the alerts that come out and
 with the results of a simulated actuator, on simulated time.
 
 Accounting (per job)
@@ -49,11 +49,11 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from actuators.planners import placement_spread, rebalance_microbatches
-from producers.clustersim.model import (
+from vigil.actuators.planners import placement_spread, rebalance_microbatches
+from vigil.producers.clustersim.model import (
     HardwareSpec, JobConfig, StepFactors, Topology, iteration_time, link_role, throughput_table,
 )
-from producers.clustersim.traces import FailSlow, FailStop, Trace
+from vigil.producers.clustersim.traces import FailSlow, FailStop, Trace
 
 __all__ = ["T0", "Costs", "JobRun", "Simulation", "Policy"]
 
@@ -603,7 +603,7 @@ class Simulation:
         for i, s in enumerate(self.trace.fail_slows):
             self.at(s.t, self._slow_start, i, s)
         if self.initial is None:
-            raise ValueError("an initial placement is needed (see producers.clustersim.initial_placement)")
+            raise ValueError("an initial placement is needed (see vigil.producers.clustersim.initial_placement)")
         for name, grid in self.initial.items():
             job = self.jobs[name]
             if grid:

@@ -3,7 +3,7 @@
 A job runs on a ``dp`` x ``pp`` grid of nodes of 8 GPUs (tensor parallelism
 stays inside a node, as in Megatron on NVLink nodes): ``grid[d][s]`` is the
 node of data-parallel replica ``d`` at pipeline stage ``s`` (the layout of
-:mod:`actuators.planners.topology`). One iteration, Megatron 1F1B with a
+:mod:`vigil.actuators.planners.topology`). One iteration, Megatron 1F1B with a
 fixed global batch of ``B`` micro-batches (one sequence each):
 
 * every replica ``d`` runs ``m_d`` micro-batches (``ceil(B / dp)``, or the

@@ -13,15 +13,15 @@
   after a sev1, and grows back when nodes return. Every recovery resumes
   from the last checkpoint (the redundancy that lets Oobleck skip that is
   not modelled). No fail-slow mitigation, no other job changes.
-* :class:`Vigil`: the live :class:`streams.decisions.DecisionEngine` (Unicron
+* :class:`Vigil`: the live :class:`vigil.streams.decisions.DecisionEngine` (Unicron
   escalation ladder, Falcon ski-rental mitigation, re-planning on node
   return) fed by the live detectors and correlator through the probes
-  (:mod:`producers.clustersim.probes`); its decisions are carried out by a
+  (:mod:`vigil.producers.clustersim.probes`); its decisions are carried out by a
   simulated actuator (:class:`SimActuator`) whose results (running, then
   succeeded or failed) go back to the engine, as the action results of the
   real actuators do. Re-planning is multi-job and WAF-optimal
-  (:func:`actuators.planners.plan_workers` over every job, in nodes) with
-  topology-aware placement (:func:`actuators.planners.place_job`);
+  (:func:`vigil.actuators.planners.plan_workers` over every job, in nodes) with
+  topology-aware placement (:func:`vigil.actuators.planners.place_job`);
   mitigations use the planners too (micro-batch rebalancing, straggler
   consolidation, congested-link re-routing).
 
@@ -38,18 +38,18 @@ from typing import Any
 
 import numpy as np
 
-from actuators.planners import (
+from vigil.actuators.planners import (
     JobSpec, consolidate_stragglers, place_best_fit, place_job, plan_workers, reroute_congested_link,
 )
-from producers.clustersim.engine import JobRun, Simulation
-from producers.clustersim.model import GPUS_PER_NODE, JobConfig, Topology, throughput_table
-from producers.clustersim.probes import FailSlowProbe, FailStopProbe
-from producers.clustersim.traces import FailStop
-from schemas import ActionResult, Alert, Decision, JobState, NodeState, Source, from_seconds
-from streams.decisions import DEGRADATIONS, DecisionEngine
-from streams.escalation import Escalation
-from streams.incidents import Correlator
-from streams.skirental import STRATEGIES, FailSlowMitigation
+from vigil.producers.clustersim.engine import JobRun, Simulation
+from vigil.producers.clustersim.model import GPUS_PER_NODE, JobConfig, Topology, throughput_table
+from vigil.producers.clustersim.probes import FailSlowProbe, FailStopProbe
+from vigil.producers.clustersim.traces import FailStop
+from vigil.schemas import ActionResult, Alert, Decision, JobState, NodeState, Source, from_seconds
+from vigil.streams.decisions import DEGRADATIONS, DecisionEngine
+from vigil.streams.escalation import Escalation
+from vigil.streams.incidents import Correlator
+from vigil.streams.skirental import STRATEGIES, FailSlowMitigation
 
 __all__ = ["initial_placement", "RestartOnly", "PerJob", "Vigil", "SimActuator", "POLICIES"]
 

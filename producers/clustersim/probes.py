@@ -5,19 +5,19 @@ detection engine in minutes, and need not: between failures every event
 says "healthy". So the simulator runs the real code on bounded windows:
 
 * :class:`FailStopProbe` — at each fail-stop, a small
-  :class:`producers.simulator.ClusterSimulator` (the event generator of the
+  :class:`vigil.producers.simulator.ClusterSimulator` (the event generator of the
   demo) plays the failing job on the failing node and one peer, with the
   job's iteration time, for a warm-up window and then the fault, and its
-  events go through a fresh :class:`streams.detection.DetectionEngine` into
-  the simulation's shared :class:`streams.incidents.Correlator` until the
+  events go through a fresh :class:`vigil.streams.detection.DetectionEngine` into
+  the simulation's shared :class:`vigil.streams.incidents.Correlator` until the
   first alert: heartbeat loss for a lost node (2.5 missed 1 s intervals),
   the process-exit, exception and XID detectors, the hang detector's 3 x
   mean iteration time. Its latency (plus ``transport_s`` for the Kafka hop)
   and its alerts are what the decision engine gets.
 * :class:`FailSlowProbe` — one per job incarnation (a layout the job runs
-  on): a fresh :class:`~streams.detection.DetectionEngine` fed columnar
-  :class:`schemas.IterationStep` events sampled from the job's iteration-time
-  model (:func:`producers.clustersim.model.sample_iterations`, with jitter,
+  on): a fresh :class:`~vigil.streams.detection.DetectionEngine` fed columnar
+  :class:`vigil.schemas.IterationStep` events sampled from the job's iteration-time
+  model (:func:`vigil.producers.clustersim.model.sample_iterations`, with jitter,
   data-dependent imbalance and spikes) in windows around each change of the
   job's speed — 64 iterations at the old level, then the new level until
   BOCD + verification raises or clears its finding (or a cap) — so the
@@ -36,13 +36,13 @@ from typing import Callable
 
 import numpy as np
 
-from producers.clustersim.model import GPUS_PER_NODE, HardwareSpec, ModelSpec, StepFactors, sample_iterations
-from producers.clustersim.traces import FailStop
-from producers.simulator import ClusterSimulator, Fault, JobSpec
-from schemas import Alert, Envelope, IterationStep, Source, from_seconds
-from streams.detection import DetectionEngine
-from streams.incidents import Correlator
-from streams.pipeline import InProcessPipeline
+from vigil.producers.clustersim.model import GPUS_PER_NODE, HardwareSpec, ModelSpec, StepFactors, sample_iterations
+from vigil.producers.clustersim.traces import FailStop
+from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.schemas import Alert, Envelope, IterationStep, Source, from_seconds
+from vigil.streams.detection import DetectionEngine
+from vigil.streams.incidents import Correlator
+from vigil.streams.pipeline import InProcessPipeline
 
 __all__ = ["FailStopProbe", "FailSlowProbe"]
 

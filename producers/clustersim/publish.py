@@ -1,9 +1,9 @@
 """Publish a simulation's events to Kafka in accelerated time (the demo, end-to-end tests).
 
-:class:`AcceleratedPublisher` is a tap for :func:`producers.clustersim.simulate`:
+:class:`AcceleratedPublisher` is a tap for :func:`vigil.producers.clustersim.simulate`:
 it receives every event the run produces (the probes' telemetry, alerts,
 decisions, action results, job and node states) with the simulated time it
-was produced at, and hands each to a :class:`producers.publisher.Publisher`
+was produced at, and hands each to a :class:`vigil.producers.publisher.Publisher`
 (one event per message, routed to its topic and keyed as the live producers
 do) no sooner than ``(sim_time - first_sim_time) / speedup`` seconds after the
 first one: a day of cluster time plays in ``86400 / speedup`` seconds.
@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Protocol, Sequence
 
-from schemas import Envelope
+from vigil.schemas import Envelope
 
 __all__ = ["AcceleratedPublisher"]
 

@@ -2,7 +2,7 @@
 
 :class:`NodeBatcher` listens on a Unix datagram socket (``$VIGIL_HOOKS_SOCKET``;
 the node agent runs one), turns the ranks' compact records into events
-(:func:`~producers.training.wire.records_to_events`), groups them by event
+(:func:`~vigil.producers.training.wire.records_to_events`), groups them by event
 type and key (all ranks' iteration timings of a job are one group) and
 publishes each group as one Kafka message every ``max_delay_s`` or when
 ``max_events`` are waiting. Kafka sees a handful of messages per interval
@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from producers.training.wire import decode_datagram, records_to_events
-from schemas import Envelope, message_key
+from vigil.producers.training.wire import decode_datagram, records_to_events
+from vigil.schemas import Envelope, message_key
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class NodeBatcher:
     """Receive hook datagrams on ``path``; publish batched events through ``publisher``.
 
     ``publisher`` needs ``publish(events)`` and ``poll(timeout)`` (a
-    :class:`~producers.publisher.Publisher`). Runs in a daemon thread after
+    :class:`~vigil.producers.publisher.Publisher`). Runs in a daemon thread after
     :meth:`start`; :meth:`stop` flushes what is pending.
     """
 

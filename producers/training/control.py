@@ -1,25 +1,18 @@
 """The control channel of a training process: retry the step, checkpoint now, save and exit.
 
-Transport: one Unix datagram socket per training process, at
-``<control dir>/<job>.rank<rank>.sock`` (:func:`control_path`; the control
-directory is ``$VIGIL_CONTROL_DIR``, default ``/tmp/vigil-control``). A command
-is one JSON datagram::
-
-    {"command": "retry_step" | "checkpoint" | "save_and_exit", "id": "<request id>"}
-
-and, when the sender bound an address, the process answers on it with
-``{"id": .., "ok": true}`` (or ``"ok": false, "error": ..``) once the command
-is queued. Why this transport: it is local to the node (where the agent that
-acts runs), needs no port allocation, survives any number of restarts
-(the socket file is replaced on bind), costs nothing while idle, and a
-datagram is one whole command (no framing). Permissions are the socket file's
+The protocol (socket path, datagrams, :func:`send_command`) is
+:mod:`vigil.schemas.control`, shared with the actuator. Why this transport:
+it is local to the node (where the agent that acts runs), needs no port
+allocation, survives any number of restarts (the socket file is replaced on
+bind), costs nothing while idle, and a datagram is one whole command (no
+framing). Permissions are the socket file's
 (0600 by default: the training user and root).
 
 The listening thread only queues commands; the training loop applies them at
-step boundaries (:class:`producers.training.TrainingMonitor`), where a
+step boundaries (:class:`vigil.producers.training.TrainingMonitor`), where a
 checkpoint is consistent.
 
-``python -m producers.training.control PATH COMMAND`` sends a command by hand.
+``python -m vigil.producers.training.control PATH COMMAND`` sends a command by hand.
 """
 
 from __future__ import annotations
@@ -30,27 +23,11 @@ import queue
 import socket
 import sys
 import threading
-import uuid
-from enum import Enum
 from pathlib import Path
 
+from vigil.schemas.control import Command, ControlError, control_path, send_command
+
 __all__ = ["Command", "ControlChannel", "ControlError", "control_path", "send_command"]
-
-
-class Command(str, Enum):
-    retry_step = "retry_step"
-    checkpoint = "checkpoint"
-    save_and_exit = "save_and_exit"
-
-
-class ControlError(RuntimeError):
-    """A command could not be delivered or was refused (the message says which and why)."""
-
-
-def control_path(job: str, rank: int, directory: str | os.PathLike | None = None) -> Path:
-    base = Path(directory or os.environ.get("VIGIL_CONTROL_DIR") or "/tmp/vigil-control")
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job)
-    return base / f"{safe}.rank{rank}.sock"
 
 
 class ControlChannel:
@@ -127,32 +104,8 @@ class ControlChannel:
             pass
 
 
-def send_command(path: str | os.PathLike, command: str | Command, timeout_s: float = 5.0) -> dict:
-    """Send one command and wait for the process to confirm it is queued."""
-    cmd = Command(command).value
-    request_id = uuid.uuid4().hex
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        sock.bind(f"\0vigil-ctl-{request_id}")  # abstract address: nothing to clean up
-        sock.settimeout(timeout_s)
-        try:
-            sock.sendto(json.dumps({"command": cmd, "id": request_id}).encode(), str(path))
-        except OSError as exc:
-            raise ControlError(f"no training process listens on {path}: {exc.strerror}") from exc
-        try:
-            data = sock.recv(4096)
-        except socket.timeout:
-            raise ControlError(f"no answer from {path} within {timeout_s} s") from None
-        reply = json.loads(data)
-        if not reply.get("ok"):
-            raise ControlError(f"{path} refused {cmd}: {reply.get('error')}")
-        return reply
-    finally:
-        sock.close()
-
-
 if __name__ == "__main__":  # pragma: no cover - a tool for humans
     if len(sys.argv) != 3:
-        print("usage: python -m producers.training.control SOCKET_PATH retry_step|checkpoint|save_and_exit", file=sys.stderr)
+        print("usage: python -m vigil.producers.training.control SOCKET_PATH retry_step|checkpoint|save_and_exit", file=sys.stderr)
         sys.exit(2)
     print(json.dumps(send_command(sys.argv[1], sys.argv[2])))

@@ -2,7 +2,7 @@
 
 Usage in any PyTorch training loop::
 
-    from producers.training import TrainingMonitor
+    from vigil.producers.training import TrainingMonitor
 
     mon = TrainingMonitor.from_env()        # or TrainingMonitor(sink, job=.., rank=.., dp=.., pp=.., tp=..)
     mon.instrument_collectives()            # wraps torch.distributed.all_reduce & co.
@@ -27,7 +27,7 @@ What is recorded
   blocks when the loop marks them; the rank's dp/pp/tp coordinates.
 * per collective: op, process group name, bytes, start and end, whether or
   not a step is open, so iteration time can be derived with no framework
-  change (:mod:`detectors.period`).
+  change (:mod:`vigil.detectors.period`).
 
 Process group names: ``world`` for the default group; a group registered with
 :meth:`TrainingMonitor.name_group` (e.g. ``"tp:1"``) has that name; any other
@@ -56,9 +56,9 @@ import traceback as tb_mod
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from producers.training.control import Command, ControlChannel, control_path
-from producers.training.exceptions import classify_exception
-from producers.training.wire import Sink, UnixDatagramSink
+from vigil.producers.training.control import Command, ControlChannel, control_path
+from vigil.producers.training.exceptions import classify_exception
+from vigil.producers.training.wire import Sink, UnixDatagramSink
 
 __all__ = ["TrainingMonitor", "StepContext", "COLLECTIVES"]
 
@@ -138,9 +138,9 @@ class TrainingMonitor:
     Parameters
     ----------
     sink : Sink
-        Where records go: :class:`~producers.training.wire.UnixDatagramSink` to
+        Where records go: :class:`~vigil.producers.training.wire.UnixDatagramSink` to
         the node batcher (the default of :meth:`from_env`),
-        :class:`~producers.training.wire.PublisherSink`, or a test sink.
+        :class:`~vigil.producers.training.wire.PublisherSink`, or a test sink.
     job, rank : identity of the process; ``node``, ``cluster``, ``gpu`` optional.
     dp, pp, tp : int, optional
         The rank's coordinates in the data/pipeline/tensor-parallel grid.
@@ -281,7 +281,7 @@ class TrainingMonitor:
     # -- control -----------------------------------------------------------------------------
 
     def start_control(self, path: str | os.PathLike | None = None, on_checkpoint: Callable[[int], None] | None = None) -> ControlChannel:
-        """Listen for commands on ``path`` (default :func:`~producers.training.control.control_path`)."""
+        """Listen for commands on ``path`` (default :func:`~vigil.producers.training.control.control_path`)."""
         self._on_checkpoint = on_checkpoint
         self.control = ControlChannel(path or control_path(self.job, self.rank))
         return self.control

@@ -11,12 +11,12 @@ one datagram of compact JSON::
            ["dr", count, reason, t]]}
 
 Times are seconds since the epoch (``time.time()``). The node batcher
-(:mod:`producers.training.batching`) turns records into events with
+(:mod:`vigil.producers.training.batching`) turns records into events with
 :func:`records_to_events`, so validation and encoding cost the node agent's
 CPU, not the training step's.
 
 Sinks: :class:`UnixDatagramSink` (to the node batcher's socket),
-:class:`PublisherSink` (straight to a :class:`~producers.publisher.Publisher`,
+:class:`PublisherSink` (straight to a :class:`~vigil.producers.publisher.Publisher`,
 for a process without a node agent) and :class:`CallbackSink` (tests).
 """
 
@@ -30,8 +30,8 @@ import threading
 from collections import deque
 from typing import Any, Callable, Iterable, Sequence
 
-from schemas import CollectiveCall, Envelope, IterationTiming, Source, TrainingException, from_seconds
-from schemas.events import CollectiveOp, EventsDropped
+from vigil.schemas import CollectiveCall, Envelope, IterationTiming, Source, TrainingException, from_seconds
+from vigil.schemas.events import CollectiveOp, EventsDropped
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class PublisherSink(Sink):
         self.publisher = publisher
 
     def send(self, source: dict[str, Any], records: list[list[Any]], urgent: bool = False) -> None:
-        from schemas import message_key
+        from vigil.schemas import message_key
 
         events, errors = records_to_events(source, records)
         for e in errors:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from streams.config import StreamConfig
-from streams.history import HistoryStore
-from streams.kafka import ensure_topics
+from vigil.streams.config import StreamConfig
+from vigil.streams.history import HistoryStore
+from vigil.streams.kafka import ensure_topics
 from vigil.broker import TansuBroker, find_tansu
 from vigil.stack import wait_for_file
 

@@ -25,10 +25,10 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from schemas import (
+from vigil.schemas import (
     ActionResult, Alert, Decision, Heartbeat, IterationStep, JobState, Source, Subject, XidError,
 )
-from schemas.envelope import Envelope
+from vigil.schemas.envelope import Envelope
 
 T0 = datetime(2026, 3, 2, tzinfo=timezone.utc)
 DAY = 86400.0

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from schemas import ActionResult, Alert, DeadLetter, Decision, Subject, decode, encode
-from streams.kafka import reader
+from vigil.schemas import ActionResult, Alert, DeadLetter, Decision, Subject, decode, encode
+from vigil.streams.kafka import reader
 from tests.integration.conftest import wait_for
 from vigil.stack import wait_for_file
 
@@ -183,7 +183,7 @@ def test_agent_actuate_restarts_its_ranks_then_gives_up_without_progress(config,
     import shutil
     import tempfile
 
-    from schemas import ProcessExit
+    from vigil.schemas import ProcessExit
 
     script = tmp_path / "crash.py"
     script.write_text(CRASHER)

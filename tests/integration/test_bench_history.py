@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-from streams.cookbook import COOKBOOK
+from vigil.streams.cookbook import COOKBOOK
 
 
 def test_bench_history_tiny(tmp_path):

@@ -14,7 +14,7 @@ started again on the same address; the session broker is not touched.
 
 A node keeps beating through the outage (its publisher spools and replays):
 it is never left reported lost. The worker knows the silence is its own
-because it cannot reach the broker (``streams.worker._BrokerPulse``) or is
+because it cannot reach the broker (``vigil.streams.worker._BrokerPulse``) or is
 rejoining its group, and counts a node's silence only from when it could
 hear again. Known gap: when the node's beats from the outage arrive with a
 gap in their event times, a transient incident may open and resolve at once.
@@ -31,11 +31,11 @@ from typing import Any
 
 import pytest
 
-from producers.publisher import Publisher
-from schemas import Alert, Heartbeat, ProcessExit, Source, decode, from_seconds
-from schemas.envelope import utcnow
-from streams.config import StreamConfig
-from streams.kafka import ensure_topics, reader
+from vigil.producers.publisher import Publisher
+from vigil.schemas import Alert, Heartbeat, ProcessExit, Source, decode, from_seconds
+from vigil.schemas.envelope import utcnow
+from vigil.streams.config import StreamConfig
+from vigil.streams.kafka import ensure_topics, reader
 from tests.integration.conftest import WorkerProcess, wait_for
 from vigil.broker import TansuBroker, find_tansu, free_port
 

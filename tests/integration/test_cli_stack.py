@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from confluent_kafka import Producer
-from schemas import Alert, Source, Subject, encode, from_seconds, message_key
+from vigil.schemas import Alert, Source, Subject, encode, from_seconds, message_key
 from vigil.stack import StackInfo, wait_for_file
 
 def vigil(*args, env, timeout=60, **kw):

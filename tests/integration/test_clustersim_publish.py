@@ -1,7 +1,7 @@
 """The cluster simulator publishes a run's events to the real broker in accelerated time.
 
 A short vigil run (a crash, then a lost node) is played at 20,000x through a
-real :class:`producers.publisher.Publisher`; every alert, decision and
+real :class:`vigil.producers.publisher.Publisher`; every alert, decision and
 action result the run produced arrives once on its topic, keyed as the live
 producers key them, and the pacing stretched the playback to the run's span.
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import time
 
-from producers.clustersim import simulate
-from producers.clustersim.model import MODELS, JobConfig, Topology
-from producers.clustersim.publish import AcceleratedPublisher
-from producers.clustersim.traces import DAY, FailStop, Trace
-from producers.publisher import Publisher
-from schemas import decode
-from streams.kafka import reader
+from vigil.producers.clustersim import simulate
+from vigil.producers.clustersim.model import MODELS, JobConfig, Topology
+from vigil.producers.clustersim.publish import AcceleratedPublisher
+from vigil.producers.clustersim.traces import DAY, FailStop, Trace
+from vigil.producers.publisher import Publisher
+from vigil.schemas import decode
+from vigil.streams.kafka import reader
 from tests.integration.conftest import wait_for
 
 

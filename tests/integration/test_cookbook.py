@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.cookbook import COOKBOOK
+from vigil.streams.cookbook import COOKBOOK
 from tests.integration import scripted_history as sh
 
 README = Path(__file__).resolve().parents[2] / "README.md"

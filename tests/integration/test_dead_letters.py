@@ -9,9 +9,9 @@ import time
 
 from confluent_kafka import Producer
 
-from schemas import Alert, DeadLetter, Heartbeat, Source, decode, encode, from_seconds
-from streams.kafka import reader
-from streams.sink import HistorySink
+from vigil.schemas import Alert, DeadLetter, Heartbeat, Source, decode, encode, from_seconds
+from vigil.streams.kafka import reader
+from vigil.streams.sink import HistorySink
 from tests.integration.conftest import wait_for
 
 

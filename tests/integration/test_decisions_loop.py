@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import time
 
-from producers.publisher import Publisher
-from schemas import ActionResult, Alert, Decision, ProcessExit, Source, decode, from_seconds
-from streams.kafka import reader
+from vigil.producers.publisher import Publisher
+from vigil.schemas import ActionResult, Alert, Decision, ProcessExit, Source, decode, from_seconds
+from vigil.streams.kafka import reader
 from tests.integration.conftest import wait_for
 
 

@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from producers.publisher import Publisher
-from producers.simulator import ClusterSimulator, Fault, JobSpec
-from schemas import Alert, decode
-from streams.kafka import reader
-from streams.sink import HistorySink
+from vigil.producers.publisher import Publisher
+from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.schemas import Alert, decode
+from vigil.streams.kafka import reader
+from vigil.streams.sink import HistorySink
 from tests.integration.conftest import wait_for
 
 def test_node_loss_and_hang_are_detected_end_to_end(config, worker, history):

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from schemas.tables import create_table_sql
-from streams.analytics import PROJECTION_GPUS, window_args
+from vigil.schemas.tables import create_table_sql
+from vigil.streams.analytics import PROJECTION_GPUS, window_args
 from tests.integration import scripted_history as sh
 
 
@@ -143,7 +143,7 @@ def test_migrate_keeps_existing_data_rebuilds_old_layouts_and_is_idempotent(hist
     db = store.database
     # The layout before this schema: every table by month, no rollups.
     store._client.command(f"CREATE DATABASE {db}")
-    from schemas.tables import TABLE_SPECS
+    from vigil.schemas.tables import TABLE_SPECS
     for event_type, spec in TABLE_SPECS.items():
         ddl = create_table_sql(event_type, db).replace(f"PARTITION BY {spec.partition_by}",
                                                       f"PARTITION BY toYYYYMM({spec.time_column})")

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from producers.clustersim import simulate
-from producers.clustersim.model import MODELS, JobConfig, Topology
-from producers.clustersim.traces import DAY, FailStop, Trace
+from vigil.producers.clustersim import simulate
+from vigil.producers.clustersim.model import MODELS, JobConfig, Topology
+from vigil.producers.clustersim.traces import DAY, FailStop, Trace
 
 #: The incident kind the detectors name each injected fault kind with.
 INCIDENT_KIND = {"process_exit": "process_exit", "node_loss": "node_lost", "xid": "xid"}

@@ -7,9 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schemas import Alert, Decision, GpuTelemetry, Heartbeat, IterationStep, Source, Subject, encode_batch
-from schemas.tables import columns, rows
-from streams.sinkprep import prepare
+from vigil.schemas import Alert, Decision, GpuTelemetry, Heartbeat, IterationStep, Source, Subject, encode_batch
+from vigil.schemas.tables import columns, rows
+from vigil.streams.sinkprep import prepare
 
 T0 = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
 

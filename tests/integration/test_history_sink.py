@@ -6,8 +6,8 @@ import time
 
 from confluent_kafka import Producer
 
-from schemas import Heartbeat, Source, encode, encode_batch, from_seconds, message_key
-from streams.sink import HistorySink
+from vigil.schemas import Heartbeat, Source, encode, encode_batch, from_seconds, message_key
+from vigil.streams.sink import HistorySink
 from tests.integration.conftest import wait_for
 
 

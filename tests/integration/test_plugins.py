@@ -1,5 +1,5 @@
 """The two ways to add a detector, as a user would: an installed entry-point
-plugin, and a standalone app written with streams.sdk. Both run for real."""
+plugin, and a standalone app written with vigil.streams.sdk. Both run for real."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from schemas import Alert, GpuTelemetry, Source, decode, encode_batch, from_seconds
-from streams.kafka import reader
+from vigil.schemas import Alert, GpuTelemetry, Source, decode, encode_batch, from_seconds
+from vigil.streams.kafka import reader
 from tests.integration.conftest import WorkerProcess, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

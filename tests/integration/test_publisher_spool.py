@@ -15,11 +15,11 @@ from collections import Counter
 import pytest
 
 import vigil.broker
-from producers.publisher import Publisher
-from schemas import Heartbeat, Source, decode
-from schemas.envelope import utcnow
-from schemas.events import EventsDropped
-from streams.kafka import ensure_topics, reader
+from vigil.producers.publisher import Publisher
+from vigil.schemas import Heartbeat, Source, decode
+from vigil.schemas.envelope import utcnow
+from vigil.schemas.events import EventsDropped
+from vigil.streams.kafka import ensure_topics, reader
 from tests.integration.conftest import wait_for
 from vigil.broker import TansuBroker, find_tansu, free_port
 

@@ -8,10 +8,10 @@ import uuid
 
 from confluent_kafka import Producer
 
-from schemas import encode, message_key, topic_name
-from streams.analytics import window_args
-from streams.replay import replay
-from streams.sink import HistorySink
+from vigil.schemas import encode, message_key, topic_name
+from vigil.streams.analytics import window_args
+from vigil.streams.replay import replay
+from vigil.streams.sink import HistorySink
 from tests.integration import scripted_history as sh
 from tests.integration.conftest import wait_for
 

@@ -31,7 +31,7 @@ def report_run(tmp_path_factory):
     env = dict(os.environ, VIGIL_STATE_DIR=str(tmp / "state"), VIGIL_TELEMETRY_TTL_DAYS="0")
     env.pop("VIGIL_CLICKHOUSE_DSN", None)
     fill = textwrap.dedent(f"""
-        from streams.history import HistoryStore
+        from vigil.streams.history import HistoryStore
         from tests.integration import scripted_history as sh
         store = HistoryStore("chdb://{tmp / 'state' / 'history'}", "vigil")
         store.migrate()

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from producers.publisher import Publisher
-from schemas import ActionResult, Alert, Decision, decode
-from streams.kafka import reader
+from vigil.producers.publisher import Publisher
+from vigil.schemas import ActionResult, Alert, Decision, decode
+from vigil.streams.kafka import reader
 from tests.integration.conftest import WorkerProcess, wait_for
 from vigil.bench.hooks import _free_port
 

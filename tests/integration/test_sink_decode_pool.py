@@ -9,9 +9,9 @@ import time
 
 from confluent_kafka import Producer
 
-import streams.sink as sink_module
-from schemas import Heartbeat, Source, encode_batch, from_seconds
-from streams.sink import HistorySink
+import vigil.streams.sink as sink_module
+from vigil.schemas import Heartbeat, Source, encode_batch, from_seconds
+from vigil.streams.sink import HistorySink
 from tests.integration.conftest import wait_for
 
 

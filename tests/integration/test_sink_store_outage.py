@@ -11,8 +11,8 @@ import time
 
 from confluent_kafka import Producer
 
-from schemas import Heartbeat, Source, encode_batch, from_seconds
-from streams.sink import HistorySink
+from vigil.schemas import Heartbeat, Source, encode_batch, from_seconds
+from vigil.streams.sink import HistorySink
 from tests.integration.conftest import wait_for
 
 FULL = "Code: 243. DB::Exception: Cannot reserve 1.00 MiB, not enough space. (NOT_ENOUGH_SPACE)"

@@ -5,7 +5,7 @@ of steps: healthy; rank 1 computes 40 ms longer; rank 3's collectives are
 slowed (a 15 ms pause inside each). The test reads the published iteration
 and collective events back from the broker, builds each rank's
 compute/communication/per-group records per step, and asks the straggler
-localizer (``detectors.straggler.localize_window``) who is slow in each phase.
+localizer (``vigil.detectors.straggler.localize_window``) who is slow in each phase.
 
 ``z=1.0``: with two groups of each kind (the most four ranks allow), the
 robust z-score of a slow group against its single peer is at most
@@ -20,11 +20,11 @@ import uuid
 
 import pytest
 
-from detectors.straggler import localize_window
-from producers.publisher import Publisher
-from producers.training import NodeBatcher
-from schemas import CollectiveCall, IterationTiming, decode
-from streams.kafka import reader
+from vigil.detectors.straggler import localize_window
+from vigil.producers.publisher import Publisher
+from vigil.producers.training import NodeBatcher
+from vigil.schemas import CollectiveCall, IterationTiming, decode
+from vigil.streams.kafka import reader
 from tests.integration.conftest import wait_for
 from vigil.bench.hooks import run_workload
 
@@ -36,7 +36,7 @@ COMM_RANK, COMM_DELAY = 3, 0.03  # per collective; large enough to stand out of 
 
 @pytest.fixture(scope="module")
 def training_run(kafka_bootstrap, tmp_path_factory):
-    from streams.kafka import ensure_topics
+    from vigil.streams.kafka import ensure_topics
 
     tmp = tmp_path_factory.mktemp("hooks")
     prefix = f"hooks-{uuid.uuid4().hex[:8]}"

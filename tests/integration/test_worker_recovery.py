@@ -7,10 +7,10 @@ import collections
 import signal
 import time
 
-from producers.publisher import Publisher
-from producers.simulator import ClusterSimulator, Fault, JobSpec
-from schemas import Alert, decode
-from streams.kafka import reader
+from vigil.producers.publisher import Publisher
+from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.schemas import Alert, decode
+from vigil.streams.kafka import reader
 from tests.integration.conftest import WorkerProcess, wait_for
 
 

@@ -16,13 +16,13 @@ from datetime import datetime, timezone
 
 import pytest
 
-from actuators.backends import KubernetesBackend, SlurmBackend
-from actuators.errors import PlanError
-from actuators.executor import Executor
-from actuators.inventory import Inventory
-from actuators.ledger import Ledger
-from actuators.state import ActionState
-from schemas import Decision, Subject, to_seconds
+from vigil.actuators.backends import KubernetesBackend, SlurmBackend
+from vigil.actuators.errors import PlanError
+from vigil.actuators.executor import Executor
+from vigil.actuators.inventory import Inventory
+from vigil.actuators.ledger import Ledger
+from vigil.actuators.state import ActionState
+from vigil.schemas import Decision, Subject, to_seconds
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 

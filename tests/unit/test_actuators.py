@@ -1,6 +1,6 @@
 """Actuators without a broker: the state machine, the ledger, the executor and its safety checks.
 
-The backend here is a real :class:`~actuators.backends.base.CommandBackend`
+The backend here is a real :class:`~vigil.actuators.backends.base.CommandBackend`
 whose one command (an argv list, no shell) appends a line to a file, so
 "executed once" and "executed nothing" are counted on disk.
 """
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from actuators.backends.base import CommandBackend
-from actuators.errors import InvalidTransition, LedgerError, PlanError
-from actuators.executor import CIRCUIT_ALERT_KIND, Executor
-from actuators.inventory import Inventory
-from actuators.ledger import STOPPED_MID_ACTION, Ledger
-from actuators.plans import Action, parse_action
-from actuators.safety import Safety, SafetyLimits
-from actuators.state import TRANSITIONS, ActionState, check_transition
-from schemas import ActionResult, Alert, Decision, JobState, NodeState, Source, Subject, to_seconds
+from vigil.actuators.backends.base import CommandBackend
+from vigil.actuators.errors import InvalidTransition, LedgerError, PlanError
+from vigil.actuators.executor import CIRCUIT_ALERT_KIND, Executor
+from vigil.actuators.inventory import Inventory
+from vigil.actuators.ledger import STOPPED_MID_ACTION, Ledger
+from vigil.actuators.plans import Action, parse_action
+from vigil.actuators.safety import Safety, SafetyLimits
+from vigil.actuators.state import TRANSITIONS, ActionState, check_transition
+from vigil.schemas import ActionResult, Alert, Decision, JobState, NodeState, Source, Subject, to_seconds
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 NODES = [f"n{i}" for i in range(10)]
@@ -153,9 +153,9 @@ def test_ledger_reopened_after_a_crash_fails_running_rows_and_drops_pending_ones
     running, pending, done = decision("restart_process"), decision("isolate_node", node="n1"), decision("none")
     script = textwrap.dedent(f"""
         import os, sys
-        from actuators.ledger import Ledger
-        from actuators.state import ActionState
-        from schemas import Decision
+        from vigil.actuators.ledger import Ledger
+        from vigil.actuators.state import ActionState
+        from vigil.schemas import Decision
         ds = [Decision.model_validate_json(a) for a in sys.argv[1:]]
         ledger = Ledger({str(path)!r}, now=100.0)
         for d in ds:

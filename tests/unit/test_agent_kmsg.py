@@ -7,9 +7,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from producers.agent import Agent, KmsgCollector, parse_kmsg_record
-from schemas import Source, XidError
-from schemas.events import AgentHealth
+from vigil.producers.agent import Agent, KmsgCollector, parse_kmsg_record
+from vigil.schemas import Source, XidError
+from vigil.schemas.events import AgentHealth
 
 T0 = datetime(2025, 3, 1, 12, tzinfo=timezone.utc)
 SRC = Source(node="gpu-node-7")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from detectors.nic import NicCongestion
-from producers.agent import Agent, NicCollector
-from schemas import NicCounters, Source
-from schemas.events import AgentHealth
+from vigil.detectors.nic import NicCongestion
+from vigil.producers.agent import Agent, NicCollector
+from vigil.schemas import NicCounters, Source
+from vigil.schemas.events import AgentHealth
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "sys" / "class" / "infiniband"
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -53,7 +53,7 @@ def test_counter_reset_is_reported_as_read_and_the_detector_handles_it(tree):
     assert second.counters["np_cnp_sent"] == 10  # as read: no guessing in the collector
     det.update(second.counters, t=t1.timestamp(), port="mlx5_0:1")
     # a reset is an increase of the new value, never a negative rate
-    from detectors.nic import counter_delta
+    from vigil.detectors.nic import counter_delta
 
     assert counter_delta(first.counters["np_cnp_sent"], second.counters["np_cnp_sent"], 64) == (10, "reset")
 

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from producers.agent import Agent, GpuMemoryWatchdog, NvmlTelemetryCollector, NvmlXidCollector
-from schemas import GpuTelemetry, Source, XidError
-from schemas.events import AgentHealth, WatchdogReport
+from vigil.producers.agent import Agent, GpuMemoryWatchdog, NvmlTelemetryCollector, NvmlXidCollector
+from vigil.schemas import GpuTelemetry, Source, XidError
+from vigil.schemas.events import AgentHealth, WatchdogReport
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 SRC = Source(node="gpu-node-1")

@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from producers.agent import Agent, Collector, HeartbeatCollector, ProcessSupervisor
-from producers.agent.process import PidWatcher
-from producers.publisher import Publisher
-from schemas import NODE_SAMPLES, GpuTelemetry, Heartbeat, NicCounters, ProcessExit, Source
-from schemas.events import AgentHealth
+from vigil.producers.agent import Agent, Collector, HeartbeatCollector, ProcessSupervisor
+from vigil.producers.agent.process import PidWatcher
+from vigil.producers.publisher import Publisher
+from vigil.schemas import NODE_SAMPLES, GpuTelemetry, Heartbeat, NicCounters, ProcessExit, Source
+from vigil.schemas.events import AgentHealth
 from vigil.broker import free_port
 
 SRC = Source(node="n1", cluster="c1")

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from producers.agent import (
+from vigil.producers.agent import (
     Agent, DiskWatchdog, JobLivenessWatchdog, LogStalenessWatchdog, MemoryWatchdog, judge_level, trend,
 )
-from schemas import Source
+from vigil.schemas import Source
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
 SRC = Source(node="n1")

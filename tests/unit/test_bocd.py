@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from detectors import detect_changepoints
-from detectors.base import DetectorError
-from detectors.bocd import BOCD
-from detectors.verification import BOCDVerify
+from vigil.detectors import detect_changepoints
+from vigil.detectors.base import DetectorError
+from vigil.detectors.bocd import BOCD
+from vigil.detectors.verification import BOCDVerify
 
 
 def _feed(det, xs, t0=0.0, dt=1.0):

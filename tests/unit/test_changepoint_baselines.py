@@ -7,8 +7,8 @@ import pickle
 import numpy as np
 import pytest
 
-from detectors.base import DetectorError
-from detectors.baselines import ADWINDetector, PageHinkleyDetector, SlidingWindow
+from vigil.detectors.base import DetectorError
+from vigil.detectors.baselines import ADWINDetector, PageHinkleyDetector, SlidingWindow
 
 BASELINES = (SlidingWindow, ADWINDetector, PageHinkleyDetector)
 

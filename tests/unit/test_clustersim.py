@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from producers.clustersim import Costs, scenario, simulate
-from producers.clustersim.model import (
+from vigil.producers.clustersim import Costs, scenario, simulate
+from vigil.producers.clustersim.model import (
     MODELS, HardwareSpec, JobConfig, StepFactors, Topology, iteration_time, link_role, throughput_table,
 )
-from producers.clustersim.publish import AcceleratedPublisher
-from producers.clustersim.traces import DAY, FailSlow, FailStop, Trace, preset
+from vigil.producers.clustersim.publish import AcceleratedPublisher
+from vigil.producers.clustersim.traces import DAY, FailSlow, FailStop, Trace, preset
 
 #: No communication and no per-step overhead: an iteration is pure compute.
 COMPUTE_ONLY = HardwareSpec(allreduce_overlap=1.0, ring_latency_s=0.0, overhead_s=0.0)
@@ -117,7 +117,7 @@ class _LeaveTheStraggler:
 
 @pytest.mark.parametrize("onto", ["node-001", None])
 def test_leaving_a_straggler_costs_the_share_of_speed_the_job_gives_up_while_the_episode_lasts(onto):
-    from producers.clustersim.engine import Simulation
+    from vigil.producers.clustersim.engine import Simulation
 
     topo = Topology.build(2, 2)
     jobs = [JobConfig("j", MODELS["1.3B"], 1.0, size=2)]

@@ -6,11 +6,11 @@ import uuid
 
 import pytest
 
-from schemas import ActionResult, Alert, Decision, DetectorFinding, JobState, NodeState, Source, Subject, from_seconds
-from streams.decisions import DecisionEngine
-from streams.escalation import Escalation
-from streams.incidents import Correlator
-from streams.skirental import FailSlowMitigation
+from vigil.schemas import ActionResult, Alert, Decision, DetectorFinding, JobState, NodeState, Source, Subject, from_seconds
+from vigil.streams.decisions import DecisionEngine
+from vigil.streams.escalation import Escalation
+from vigil.streams.incidents import Correlator
+from vigil.streams.skirental import FailSlowMitigation
 
 
 def alert(kind: str, severity: int, *, job: str | None = "gpt", node: str | None = "n1", rank: int | None = None,
@@ -234,9 +234,9 @@ def test_reconfiguration_excludes_the_nodes_known_down_and_forgets_nodes_a_job_l
 
 
 def test_a_node_failure_reconfigures_the_jobs_the_detectors_saw_running_there():
-    from schemas import IterationTiming
-    from streams.pipeline import InProcessPipeline
-    from schemas import XidError
+    from vigil.schemas import IterationTiming
+    from vigil.streams.pipeline import InProcessPipeline
+    from vigil.schemas import XidError
 
     pipe = InProcessPipeline()
     t0 = 1_700_000_000.0

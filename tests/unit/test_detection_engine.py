@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from producers.simulator import ClusterSimulator, Fault, JobSpec
-from schemas import Alert, Heartbeat, IterationTiming, Source, from_seconds, to_seconds
-from streams.detection import DetectionEngine
-from streams.pipeline import InProcessPipeline
+from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.schemas import Alert, Heartbeat, IterationTiming, Source, from_seconds, to_seconds
+from vigil.streams.detection import DetectionEngine
+from vigil.streams.pipeline import InProcessPipeline
 
 TICK = 0.05
 

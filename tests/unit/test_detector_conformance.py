@@ -7,8 +7,8 @@ import pickle
 
 import pytest
 
-import detectors
-from detectors import REGISTRY
+import vigil.detectors
+from vigil.detectors import REGISTRY
 
 
 def _run(det, calls):
@@ -27,7 +27,7 @@ def detector_cls(request):
 def test_registry_names_match_classes():
     for name, cls in REGISTRY.items():
         assert cls.name == name and cls.version
-    assert detectors.HangDetector.name in REGISTRY
+    assert vigil.detectors.HangDetector.name in REGISTRY
 
 
 def test_silent_during_warmup_on_healthy_input(detector_cls):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from streams.config import StreamConfig
-from streams.faustapp import create_app
+from vigil.streams.config import StreamConfig
+from vigil.streams.faustapp import create_app
 
 
 def test_worker_leaves_no_data_directory_in_the_working_directory(tmp_path: Path, monkeypatch) -> None:

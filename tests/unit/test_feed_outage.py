@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from schemas import Heartbeat, Source, from_seconds
-from streams.detection import DetectionEngine, EngineParams
+from vigil.schemas import Heartbeat, Source, from_seconds
+from vigil.streams.detection import DetectionEngine, EngineParams
 
 
 def beat(node: str, t: float, seq: int) -> Heartbeat:

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from detectors.base import DetectorError
-from detectors.gpu import DEFAULT_THROTTLE_MASK, GpuDegradation, decode_throttle_reasons
+from vigil.detectors.base import DetectorError
+from vigil.detectors.gpu import DEFAULT_THROTTLE_MASK, GpuDegradation, decode_throttle_reasons
 
 
 def healthy(rng, n=8, **over):

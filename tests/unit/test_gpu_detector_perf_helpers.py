@@ -2,7 +2,7 @@
 
 from hypothesis import given, strategies as st
 
-from detectors.gpu import _median, _peer_medians
+from vigil.detectors.gpu import _median, _peer_medians
 
 
 @given(st.lists(st.sampled_from([1005.0, 1410.0, 1980.0, 60.5, 61.0, 83.0, 0.0]), min_size=2, max_size=9))

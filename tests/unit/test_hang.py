@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from detectors import DetectorError, HangDetector
+from vigil.detectors import DetectorError, HangDetector
 
 
 def feed(det, n, mean=1.0, jitter=0.05, seed=0, t0=0.0):

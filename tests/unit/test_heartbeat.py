@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from detectors import DetectorError, HeartbeatLoss
+from vigil.detectors import DetectorError, HeartbeatLoss
 
 
 @pytest.mark.parametrize("interval,missed", [(1.0, 2.5), (0.2, 3), (10.0, 1.5)])

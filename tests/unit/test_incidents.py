@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from schemas import DetectorFinding, Source, Subject, from_seconds
-from streams.detection import DetectionEngine
-from streams.incidents import MAX_EVIDENCE, Correlator, explains
+from vigil.schemas import DetectorFinding, Source, Subject, from_seconds
+from vigil.streams.detection import DetectionEngine
+from vigil.streams.incidents import MAX_EVIDENCE, Correlator, explains
 
 
 def finding(kind, severity, subject, onset=10.0, status="raised", job_nodes=(), **evidence) -> DetectorFinding:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from actuators.backends import LocalBackend
-from actuators.backends.local import ControlDirProcesses
-from actuators.state import ActionState
-from producers.agent import ProcessSupervisor
-from producers.training import CallbackSink, TrainingMonitor, control_path
-from schemas import Decision, ProcessExit, Source, Subject
+from vigil.actuators.backends import LocalBackend
+from vigil.actuators.backends.local import ControlDirProcesses
+from vigil.actuators.state import ActionState
+from vigil.producers.agent import ProcessSupervisor
+from vigil.producers.training import CallbackSink, TrainingMonitor, control_path
+from vigil.schemas import Decision, ProcessExit, Source, Subject
 from vigil.actuate import SupervisorControl
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -175,7 +175,7 @@ def test_retry_in_place_failures_and_nothing_to_do(short_dir):
 
 TRAINER = textwrap.dedent("""
     import os, sys, time
-    from producers.training import CallbackSink, TrainingMonitor
+    from vigil.producers.training import CallbackSink, TrainingMonitor
     out, rank, n = sys.argv[1], int(os.environ["RANK"]), os.environ["VIGIL_RESTART_COUNT"]
     mon = TrainingMonitor(CallbackSink(lambda ev: None), job=os.environ["VIGIL_JOB"], rank=rank)
     mon.start_control(on_checkpoint=lambda step: open(os.path.join(out, f"ckpt{rank}.{n}"), "w").write(str(step)))
@@ -224,7 +224,7 @@ def test_control_dir_processes_finds_ranks_and_cannot_restart(short_dir):
 
 
 def test_node_batcher_knows_the_highest_step_of_each_job(short_dir):
-    from producers.training import NodeBatcher, UnixDatagramSink
+    from vigil.producers.training import NodeBatcher, UnixDatagramSink
 
     class Pub:
         def publish(self, events):

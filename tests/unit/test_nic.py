@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from detectors.base import DetectorError
-from detectors.nic import NicCongestion, counter_delta
+from vigil.detectors.base import DetectorError
+from vigil.detectors.nic import NicCongestion, counter_delta
 
 
 @pytest.mark.parametrize(

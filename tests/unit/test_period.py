@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from detectors.base import DetectorError
-from detectors.period import IterationPeriod, acf, acf_period, iteration_time_from_period
-from producers.rank_traces import make_collective_stream
+from vigil.detectors.base import DetectorError
+from vigil.detectors.period import IterationPeriod, acf, acf_period, iteration_time_from_period
+from vigil.producers.rank_traces import make_collective_stream
 
 
 def test_acf_exact_period():

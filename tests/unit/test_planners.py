@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actuators.planners import (
+from vigil.actuators.planners import (
     JobSpec,
     consolidate_stragglers,
     place_best_fit,

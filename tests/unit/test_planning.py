@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds
-from streams.decisions import DecisionEngine
-from streams.planning import replan
-from streams.skirental import FailSlowMitigation
+from vigil.schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds
+from vigil.streams.decisions import DecisionEngine
+from vigil.streams.planning import replan
+from vigil.streams.skirental import FailSlowMitigation
 
 T0 = from_seconds(1_700_000_000)
 

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-import producers.publisher as publisher_mod
-from producers.publisher import Publisher
-from producers.spool import SpoolRecord
+import vigil.producers.publisher as publisher_mod
+from vigil.producers.publisher import Publisher
+from vigil.producers.spool import SpoolRecord
 
 TOPIC = "t.telemetry.heartbeats"
 ROUND_TRIP_S = 0.01

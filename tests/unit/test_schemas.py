@@ -9,12 +9,12 @@ from datetime import datetime, timezone
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from schemas import (
+from vigil.schemas import (
     EVENT_TYPES, NODE_SAMPLES, Alert, GpuTelemetry, Heartbeat, IterationTiming, ProcessExit, Source, Subject, decode,
     encode, encode_batch, group_type, topic_name,
 )
-from schemas.export import CHECKED_IN, json_schemas
-from schemas.tables import TABLE_SPECS, columns, create_table_sql, rows
+from vigil.schemas.export import CHECKED_IN, json_schemas
+from vigil.schemas.tables import TABLE_SPECS, columns, create_table_sql, rows
 
 T0 = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
 

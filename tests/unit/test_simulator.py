@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from producers.simulator import ClusterSimulator, Fault, JobSpec, demo_scenario
-from schemas import Heartbeat, IterationTiming, to_seconds
+from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec, demo_scenario
+from vigil.schemas import Heartbeat, IterationTiming, to_seconds
 
 
 def small(faults, seed=0):

@@ -6,9 +6,9 @@ import uuid
 
 import pytest
 
-from schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds
-from streams.decisions import DecisionEngine
-from streams.skirental import EpisodeDurations, FailSlowMitigation
+from vigil.schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds
+from vigil.streams.decisions import DecisionEngine
+from vigil.streams.skirental import EpisodeDurations, FailSlowMitigation
 
 COSTS = {"rebalance_microbatches": 5.0, "adjust_topology": 60.0, "checkpoint_restart": 300.0}
 

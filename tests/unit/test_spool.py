@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from producers.spool import Spool, SpoolRecord
+from vigil.producers.spool import Spool, SpoolRecord
 
 
 def rec(i: int, size: int = 10, event_type: str = "heartbeat", events: int = 1) -> SpoolRecord:

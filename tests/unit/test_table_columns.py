@@ -7,10 +7,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from schemas import (
+from vigil.schemas import (
     Alert, CollectiveCall, Decision, DetectorFinding, GpuTelemetry, IterationStep, Source, Subject,
 )
-from schemas.tables import column_values, columns, rows
+from vigil.schemas.tables import column_values, columns, rows
 
 T0 = datetime(2026, 11, 21, 12, 0, 0, tzinfo=timezone.utc)
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
@@ -71,6 +71,6 @@ def test_column_values_are_the_rows_transposed(event_type):
 def test_every_sort_key_ends_with_the_event_id():
     # The history's insert skips ReplacingMergeTree's collapsing within a block because a
     # block holds each id once: that is only sound while equal keys mean equal ids.
-    from schemas.tables import TABLE_SPECS
+    from vigil.schemas.tables import TABLE_SPECS
 
     assert [t for t, spec in TABLE_SPECS.items() if spec.order_by[-1] != "event_id"] == []

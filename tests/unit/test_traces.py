@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from producers.traces import MIN_ONSET, generate_trace, generate_traces
+from vigil.producers.traces import MIN_ONSET, generate_trace, generate_traces
 
 
 @pytest.fixture(scope="module")

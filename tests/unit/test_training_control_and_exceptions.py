@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from producers.training import (
+from vigil.producers.training import (
     CallbackSink, Command, ControlError, NodeBatcher, TrainingMonitor, classify_exception, send_command,
 )
-from schemas import TrainingException
+from vigil.schemas import TrainingException
 
 
 @pytest.mark.parametrize("exc, category", [
@@ -56,7 +56,7 @@ def test_uncaught_exceptions_in_main_and_other_threads_are_published_before_exit
     batcher = NodeBatcher(sock, Pub())
     script = textwrap.dedent(f"""
         import threading
-        from producers.training import TrainingMonitor, UnixDatagramSink
+        from vigil.producers.training import TrainingMonitor, UnixDatagramSink
         mon = TrainingMonitor(UnixDatagramSink({str(sock)!r}), job="j", rank=2, node="n")
         mon.install_exception_hooks()
         t = threading.Thread(target=lambda: (_ for _ in ()).throw(RuntimeError("NCCL error: remote process exited")), name="loader")

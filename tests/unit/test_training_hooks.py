@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from producers.training import CallbackSink, NodeBatcher, TrainingMonitor, UnixDatagramSink
-from schemas import CollectiveCall, IterationTiming
-from schemas.events import EventsDropped
+from vigil.producers.training import CallbackSink, NodeBatcher, TrainingMonitor, UnixDatagramSink
+from vigil.schemas import CollectiveCall, IterationTiming
+from vigil.schemas.events import EventsDropped
 
 
 class FakeClock:

@@ -4,8 +4,9 @@ import pickle
 
 import pytest
 
-from detectors.base import DetectorError
-from detectors.xid import ACTIONS, CATALOG, XidDetector, XidRecord, classify, normalize_pci, parse_xid_line
+from vigil.detectors.base import DetectorError
+from vigil.schemas import SchemaError
+from vigil.detectors.xid import ACTIONS, CATALOG, XidDetector, XidRecord, classify, normalize_pci, parse_xid_line
 
 REQUIRED = [13, 31, 32, 38, 43, 45, 48, 61, 62, 63, 64, 68, 69, 74, 79, 92, 94, 95, 109, 119, 120, 121,
             136, 140, 143, *range(144, 151), 154, 155, 156, 158]
@@ -79,7 +80,7 @@ def test_non_xid_lines(line):
 
 def test_normalize_pci_rejects_garbage():
     assert normalize_pci("PCI:0000:3B:00.0") == "0000:3b:00"
-    with pytest.raises(DetectorError):
+    with pytest.raises(SchemaError):
         normalize_pci("GPU0")
 
 

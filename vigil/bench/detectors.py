@@ -1,6 +1,6 @@
 """Labelled benchmark of the change-point detectors on generated iteration-time traces.
 
-``run(json_path)`` generates ``n_traces`` traces with :mod:`producers.traces`
+``run(json_path)`` generates ``n_traces`` traces with :mod:`vigil.producers.traces`
 (half clean, half with one or two injected fail-slows), feeds every trace,
 value by value with its timestamps, to a fresh instance (default parameters)
 of each detector in :data:`DETECTORS`, and scores the ``"fail_slow"`` change
@@ -63,10 +63,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from detectors.base import REGISTRY, Detector
-import detectors.baselines  # noqa: F401  (registration)
-import detectors.verification  # noqa: F401  (registration)
-from producers.traces import Trace, generate_traces
+from vigil.detectors.base import REGISTRY, Detector
+import vigil.detectors.baselines  # noqa: F401  (registration)
+import vigil.detectors.verification  # noqa: F401  (registration)
+from vigil.producers.traces import Trace, generate_traces
 
 __all__ = ["DETECTORS", "ONSET_TOLERANCE", "REQUIRED_STEP", "REQUIRED_ITERS", "run", "run_detector", "score_trace"]
 

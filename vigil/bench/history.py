@@ -1,6 +1,6 @@
 """``vigil bench history``: sink insert rate, and cookbook query latency over a large history.
 
-1. **Sink insert rate**: one :class:`~streams.sink.HistorySink` joins its
+1. **Sink insert rate**: one :class:`~vigil.streams.sink.HistorySink` joins its
    consumer group, ``sink_events`` GPU-telemetry events are published to an
    embedded tansu broker in batch messages (500 events each, as node agents
    send them), then the sink consumes, validates, deduplicates and inserts
@@ -42,7 +42,7 @@ def run(json_path: str | None, telemetry_rows: int = 100_000_000, incidents: int
     load_start = [round(x, 2) for x in os.getloadavg()]
     say = progress or (lambda _: None)
     with tempfile.TemporaryDirectory(prefix="vigil-bench-history-", dir=data_dir) as tmp:
-        from streams.history import HistoryStore
+        from vigil.streams.history import HistoryStore
 
         store = HistoryStore(f"chdb://{tmp}/history", "bench_sink")
         try:
@@ -78,10 +78,10 @@ def run(json_path: str | None, telemetry_rows: int = 100_000_000, incidents: int
 def sink_rate(store: Any, n: int, workdir: Path, say: Callable[[str], Any]) -> dict[str, Any]:
     from confluent_kafka import Producer
 
-    from schemas import GpuTelemetry, Source, encode_batch, from_seconds
-    from streams.config import StreamConfig
-    from streams.kafka import ensure_topics
-    from streams.sink import HistorySink
+    from vigil.schemas import GpuTelemetry, Source, encode_batch, from_seconds
+    from vigil.streams.config import StreamConfig
+    from vigil.streams.kafka import ensure_topics
+    from vigil.streams.sink import HistorySink
     from vigil.broker import TansuBroker, find_tansu
 
     store.migrate()
@@ -244,7 +244,7 @@ def generate(store: Any, telemetry_rows: int, incidents: int, say: Callable[[str
 
 
 def time_cookbook(store: Any, repeats: int, say: Callable[[str], Any]) -> dict[str, dict[str, Any]]:
-    from streams.cookbook import COOKBOOK
+    from vigil.streams.cookbook import COOKBOOK
 
     out: dict[str, dict[str, Any]] = {}
     for recipe in COOKBOOK:

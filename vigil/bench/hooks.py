@@ -86,10 +86,10 @@ The end-to-end A/B
     (``acf_steps``: both figures are medians of step times that jitter by
     tens of percent here, so a few hundred steps), rank 0's collective calls (as
     published) give the iteration period by ACF and the iteration time by
-    :func:`detectors.period.iteration_time_from_period`; compared with the
+    :func:`vigil.detectors.period.iteration_time_from_period`; compared with the
     median of the measured step times.
 ``agent_cpu_pct``
-    the node agent (``producers.agent``) at its default intervals (heartbeats,
+    the node agent (``vigil.producers.agent``) at its default intervals (heartbeats,
     NIC counters on a fixture tree, kmsg on a file, disk/memory/log watchdogs;
     no NVML here) runs for ``agent_seconds`` in its own process; its CPU time
     (user + system, from /proc) over wall time, in percent of one core.
@@ -170,7 +170,7 @@ def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
     mon = None
     hooks = cfg["hooks"]  # "on", "off", or "alternate"
     if hooks != "off":
-        from producers.training import TrainingMonitor, UnixDatagramSink
+        from vigil.producers.training import TrainingMonitor, UnixDatagramSink
 
         mon = TrainingMonitor(UnixDatagramSink(cfg["socket"]), job=cfg["job"], rank=rank, node=cfg.get("node", "bench-node"),
                               dp=dp, pp=0, tp=tp, flush_interval_s=cfg.get("flush_interval_s", 0.5))
@@ -427,7 +427,7 @@ def acf_error(collectives: list[Any], iterations: list[Any]) -> dict[str, Any]:
     """ACF iteration time from collective calls vs the measured iteration time."""
     import numpy as np
 
-    from detectors.period import _codes, acf_period, iteration_time_from_period
+    from vigil.detectors.period import _codes, acf_period, iteration_time_from_period
 
     calls = sorted(collectives, key=lambda e: e.start)
     symbols = [f"{e.op.value}|{e.group}" for e in calls]
@@ -515,8 +515,8 @@ def hook_cost_per_step(n_steps: int = 20000, collectives_per_step: int = 3) -> d
     """
     import types
 
-    from producers.training import TrainingMonitor
-    from producers.training.wire import Sink, encode_datagram
+    from vigil.producers.training import TrainingMonitor
+    from vigil.producers.training.wire import Sink, encode_datagram
 
     class EncodeOnly(Sink):
         def send(self, source, records, urgent=False):
@@ -623,9 +623,9 @@ def run(json_path: str | os.PathLike, *, steps: int = 1600, block: int = 20, wor
     check; ``real_*``: the same A/B on a longer ("realistic") step
     (``real_steps=0`` skips it); ``seed``: the bootstrap's.
     """
-    from producers.publisher import Publisher
-    from producers.training import NodeBatcher
-    from streams.kafka import ensure_topics
+    from vigil.producers.publisher import Publisher
+    from vigil.producers.training import NodeBatcher
+    from vigil.streams.kafka import ensure_topics
 
     say = progress or (lambda what: None)
     broker = None

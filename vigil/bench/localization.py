@@ -1,11 +1,11 @@
 """Scores for straggler localization and ACF iteration tracking on generated traces.
 
 ``score_localizer`` draws multi-rank cases from
-:func:`producers.rank_traces.make_localization_case` (a culprit class per
+:func:`vigil.producers.rank_traces.make_localization_case` (a culprit class per
 case, a random 3D layout, jitter and data-dependent imbalance always present)
 and counts a case correct when the localizer names the right class *and* the
 right location. ``score_acf`` draws collective-call streams from
-:func:`producers.rank_traces.make_collective_stream`, feeds them to the
+:func:`vigil.producers.rank_traces.make_collective_stream`, feeds them to the
 ``iteration_period`` detector and compares its iteration time with the truth
 over the same span. Both are seeded and take a few seconds.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from detectors.period import IterationPeriod, acf_period
-from detectors.straggler import StragglerLocalizer, _median_records, falcon_localize, localize, localize_window
-from producers.rank_traces import make_collective_stream, make_localization_case
+from vigil.detectors.period import IterationPeriod, acf_period
+from vigil.detectors.straggler import StragglerLocalizer, _median_records, falcon_localize, localize, localize_window
+from vigil.producers.rank_traces import make_collective_stream, make_localization_case
 
 __all__ = ["score_localizer", "score_acf"]
 
@@ -81,7 +81,7 @@ def score_localizer(seed: int = 0, n_cases: int = 250, n_iters: int = 8) -> dict
 def score_acf(seed: int = 0, n_cases: int = 100, n_iters: int = 40) -> dict[str, Any]:
     """Relative error of the ACF iteration time on ``n_cases`` generated streams.
 
-    The detector's :attr:`~detectors.period.IterationPeriod.iteration_time`
+    The detector's :attr:`~vigil.detectors.period.IterationPeriod.iteration_time`
     (median over its window) is compared with the median true iteration time
     of the iterations that lie inside that window. Also reports the period
     accuracy of the detector and of Falcon's plain first-lag rule (threshold

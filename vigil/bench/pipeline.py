@@ -30,11 +30,11 @@ from typing import Any, Callable
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from producers.publisher import Publisher
-from producers.simulator import ClusterSimulator, Fault, JobSpec
-from schemas import Alert, IterationStep, decode, encode, encode_batch, group_type, message_key, topic_name
-from streams.config import StreamConfig
-from streams.kafka import ensure_topics, reader
+from vigil.producers.publisher import Publisher
+from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.schemas import Alert, IterationStep, decode, encode, encode_batch, group_type, message_key, topic_name
+from vigil.streams.config import StreamConfig
+from vigil.streams.kafka import ensure_topics, reader
 from vigil.broker import TansuBroker, die_with_parent, find_tansu
 from vigil.stack import wait_for_file
 

@@ -23,7 +23,7 @@ Instances
   cluster, ~62 % free); a job of ``dp x pp`` nodes. Headline: 512 nodes
   (``dp = 64``, ``pp = 8``) in a 1,024-node cluster. Quality: for several
   seeded clusters, the objective ``dp_spread + pp_splits`` (see
-  :mod:`actuators.planners.placement`) of best-fit, random-fit and packing
+  :mod:`vigil.actuators.planners.placement`) of best-fit, random-fit and packing
   against the exact placement; ``placement_spread_vs_best_baseline`` is the
   median over seeds of (the best baseline's objective / ours).
 
@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from actuators.planners import (
+from vigil.actuators.planners import (
     JobSpec,
     place_best_fit,
     place_job,

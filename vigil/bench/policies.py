@@ -1,6 +1,6 @@
 """``vigil bench policies``: how much training vigil gets back, against restart-only recovery.
 
-Runs the discrete-event cluster simulator (:mod:`producers.clustersim`) on a
+Runs the discrete-event cluster simulator (:mod:`vigil.producers.clustersim`) on a
 failure trace with each recovery policy — ``restart-only``, ``per-job``,
 ``vigil`` — from the same initial placement, and reports per policy the
 accumulated WAF (weighted EFLOP: the integral of Unicron's weighted achieved
@@ -35,11 +35,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from actuators.planners import JobSpec, plan_workers
-from producers.clustersim import Costs, scenario, simulate
-from producers.clustersim.model import JobConfig, throughput_table
-from producers.clustersim.policies import initial_placement
-from producers.clustersim.traces import DAY, Trace
+from vigil.actuators.planners import JobSpec, plan_workers
+from vigil.producers.clustersim import Costs, scenario, simulate
+from vigil.producers.clustersim.model import JobConfig, throughput_table
+from vigil.producers.clustersim.policies import initial_placement
+from vigil.producers.clustersim.traces import DAY, Trace
 
 __all__ = ["run", "oracle_waf", "format_table", "TARGETS"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from detectors import Detector, Finding
-from schemas import GpuTelemetry
+from vigil.detectors import Detector, Finding
+from vigil.schemas import GpuTelemetry
 
 
 class PowerCap(Detector):
@@ -60,7 +60,7 @@ class PowerCap(Detector):
 
     @classmethod
     def _conformance_feed(cls, seed: int) -> list[tuple[str, tuple, dict[str, Any]]]:
-        from schemas import Source, from_seconds
+        from vigil.schemas import Source, from_seconds
 
         return [("update", (GpuTelemetry(event_time=from_seconds(t), source=Source(node="n", gpu=0),
                                          power_w=500.0),), {"t": float(t)}) for t in range(20)]
