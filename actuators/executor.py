@@ -34,7 +34,7 @@ from typing import Callable, Iterable
 from vigil.actuators.backends.base import Backend, Outcome
 from vigil.actuators.errors import PlanError
 from vigil.actuators.inventory import Inventory
-from vigil.actuators.ledger import Ledger, Record
+from vigil.actuators.ledger import Ledger, LedgerRecord
 from vigil.actuators.plans import NAME_RE, NO_MACHINE_ACTIONS, Action, parse_action
 from vigil.actuators.safety import Safety
 from vigil.actuators.state import ActionState
@@ -64,7 +64,7 @@ class Executor:
     safety : Safety, optional
         Circuit breaker, no-progress guard, rate limit (defaults: :class:`~vigil.actuators.safety.SafetyLimits`).
     dry_run : bool
-        Record what would run, run nothing; results say ``dry run: ...`` with backend ``dry-run:<name>``.
+        LedgerRecord what would run, run nothing; results say ``dry run: ...`` with backend ``dry-run:<name>``.
     source : Source, optional
         Who reports (cluster, node of this actuator); part of every result's identity.
     max_age_s : float or None
@@ -103,7 +103,7 @@ class Executor:
         resets = self.ledger.resets()
         timeline += [(r.at, 1, r) for r in resets]
         for _, _, item in sorted(timeline, key=lambda x: (x[0], x[1])):
-            if isinstance(item, Record):
+            if isinstance(item, LedgerRecord):
                 self.safety.record(item.action, item.job, item.created_at, item.progress, item.drained)
             elif item.kind == "circuit":  # type: ignore[attr-defined]
                 self.safety.reset_circuit()
@@ -274,7 +274,7 @@ class Executor:
 
     # -- results ------------------------------------------------------------------------------------------
 
-    def _replayed(self, decision: Decision, rec: Record, now: datetime) -> list[Envelope]:
+    def _replayed(self, decision: Decision, rec: LedgerRecord, now: datetime) -> list[Envelope]:
         if not rec.state.terminal:
             return []  # being handled elsewhere; that handler reports
         if rec.decision_id == str(decision.decision_id):
@@ -283,7 +283,7 @@ class Executor:
                   f"nothing done; that decision {rec.state.value}: {rec.detail}")
         return [self._result(decision, rec.state, detail, now, backend=rec.backend)]
 
-    def _result_from(self, decision_id: str, rec: Record, now: datetime, job: str | None) -> ActionResult:
+    def _result_from(self, decision_id: str, rec: LedgerRecord, now: datetime, job: str | None) -> ActionResult:
         return self._make(uuid.UUID(decision_id), rec.state, rec.detail, now, rec.backend, job)
 
     def _result(self, decision: Decision, state: ActionState, detail: str, now: datetime,

@@ -41,7 +41,7 @@ from vigil.actuators.errors import LedgerError
 from vigil.actuators.state import ActionState, check_transition
 from vigil.schemas import Decision
 
-__all__ = ["CircuitState", "Ledger", "Record", "Reset", "STOPPED_MID_ACTION"]
+__all__ = ["CircuitState", "Ledger", "LedgerRecord", "Reset", "STOPPED_MID_ACTION"]
 
 STOPPED_MID_ACTION = "actuator stopped mid-action; not re-run because its effect is unknown"
 
@@ -84,7 +84,7 @@ _COLUMNS = ("decision_id", "idempotency_key", "action", "job", "node", "state", 
 
 
 @dataclass(frozen=True)
-class Record:
+class LedgerRecord:
     """One decision as the ledger holds it."""
 
     decision_id: str
@@ -103,7 +103,7 @@ class Record:
     updated_at: float
 
     @classmethod
-    def _from_row(cls, row: tuple[Any, ...]) -> "Record":
+    def _from_row(cls, row: tuple[Any, ...]) -> "LedgerRecord":
         d = dict(zip(_COLUMNS, row))
         d["state"] = ActionState(d["state"])
         d["commands"] = json.loads(d["commands"])
@@ -158,17 +158,17 @@ class Ledger:
             self._lockfile.close()
             raise LedgerError(f"cannot open ledger {self.path}: {exc}") from exc
         self._lock = threading.Lock()
-        self.recovered: list[Record] = self._recover(now)
+        self.recovered: list[LedgerRecord] = self._recover(now)
 
     # -- recovery -------------------------------------------------------------------------------------
 
-    def _recover(self, now: float) -> list[Record]:
+    def _recover(self, now: float) -> list[LedgerRecord]:
         with self._lock:
             c = self._conn
             c.execute("BEGIN IMMEDIATE")
             try:
                 c.execute("DELETE FROM actions WHERE state = ?", (ActionState.pending.value,))
-                stuck = [Record._from_row(r) for r in c.execute(
+                stuck = [LedgerRecord._from_row(r) for r in c.execute(
                     f"SELECT {', '.join(_COLUMNS)} FROM actions WHERE state = ?", (ActionState.running.value,))]
                 for rec in stuck:
                     check_transition(rec.state, ActionState.failed, rec.decision_id)
@@ -183,27 +183,27 @@ class Ledger:
 
     # -- reading --------------------------------------------------------------------------------------
 
-    def _one(self, where: str, arg: str) -> Record | None:
+    def _one(self, where: str, arg: str) -> LedgerRecord | None:
         with self._lock:
             row = self._conn.execute(f"SELECT {', '.join(_COLUMNS)} FROM actions WHERE {where} = ?", (arg,)).fetchone()
-        return Record._from_row(row) if row else None
+        return LedgerRecord._from_row(row) if row else None
 
-    def get(self, decision_id: object) -> Record | None:
+    def get(self, decision_id: object) -> LedgerRecord | None:
         return self._one("decision_id", str(decision_id))
 
-    def by_key(self, idempotency_key: str) -> Record | None:
+    def by_key(self, idempotency_key: str) -> LedgerRecord | None:
         return self._one("idempotency_key", idempotency_key)
 
-    def lookup(self, decision: Decision) -> Record | None:
+    def lookup(self, decision: Decision) -> LedgerRecord | None:
         """The recorded row for this decision id, else for its idempotency key, else None."""
         return self.get(decision.decision_id) or self.by_key(decision.idempotency_key)
 
-    def history(self) -> list[Record]:
+    def history(self) -> list[LedgerRecord]:
         """Rows that reached ``running`` (something was executed), oldest first."""
         with self._lock:
             rows = self._conn.execute(
                 f"SELECT {', '.join(_COLUMNS)} FROM actions WHERE executed = 1 ORDER BY created_at, rowid").fetchall()
-        return [Record._from_row(r) for r in rows]
+        return [LedgerRecord._from_row(r) for r in rows]
 
     def count(self) -> int:
         with self._lock:
@@ -211,8 +211,8 @@ class Ledger:
 
     # -- writing --------------------------------------------------------------------------------------
 
-    def begin(self, decision: Decision, backend: str, now: float) -> tuple[Record, bool]:
-        """Record ``decision`` as ``pending``; ``(row, True)``, or ``(the recorded row, False)`` if it is known."""
+    def begin(self, decision: Decision, backend: str, now: float) -> tuple[LedgerRecord, bool]:
+        """LedgerRecord ``decision`` as ``pending``; ``(row, True)``, or ``(the recorded row, False)`` if it is known."""
         target = decision.target
         with self._lock:
             try:
@@ -231,7 +231,7 @@ class Ledger:
     def transition(self, decision_id: object, to: ActionState, now: float, *, detail: str | None = None,
                    backend: str | None = None, commands: Iterable[Iterable[str]] | None = None,
                    drained: Iterable[str] | None = None, progress: int | None = None,
-                   executed: bool | None = None) -> Record:
+                   executed: bool | None = None) -> LedgerRecord:
         """Move a row to ``to`` (checked against the transition table) and update what is given."""
         did = str(decision_id)
         with self._lock:
@@ -290,7 +290,7 @@ class Ledger:
     @staticmethod
     def request_reset(path: str | os.PathLike, *, at: float, kind: str = "circuit", job: str | None = None,
                       who: str = "") -> int:
-        """Record a human reset in the ledger at ``path`` (works while an actuator owns it); returns its id.
+        """LedgerRecord a human reset in the ledger at ``path`` (works while an actuator owns it); returns its id.
 
         ``kind="circuit"`` closes the blast-radius circuit breaker and forgets the
         drains of its window; ``kind="job"`` lifts the no-progress guard of ``job``.

@@ -180,6 +180,9 @@ class TrainingException(Envelope):
 
 # --- state ------------------------------------------------------------------
 
+#: GPUs per node in the plans vigil makes (HGX/DGX nodes): the one home of this figure.
+GPUS_PER_NODE = 8
+
 
 class JobState(Envelope):
     """A job's spec and lifecycle state (published on submit and on every change)."""

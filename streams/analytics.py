@@ -69,6 +69,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vigil.schemas import GPUS_PER_NODE
+
 # --- taxonomy ---------------------------------------------------------------
 
 #: Slowdowns: the job keeps running, slower.
@@ -92,7 +94,6 @@ DOMAIN_OF_KIND: dict[str, str] = {
 XID_USER_CODE = (13, 31, 43, 45, 68, 69)
 XID_SYSTEM_SOFTWARE = (32, 38, 61, 109, 119, 120, 154)
 
-GPUS_PER_NODE = 8
 #: Steps per row of ``job_step_blocks`` (all executions of a step fall in the same block).
 STEP_BLOCK = 1024
 #: Job sizes the MTTF projection is printed for.

@@ -23,11 +23,10 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from vigil.actuators.planners import JobSpec, consolidate_stragglers, plan_workers, rebalance_microbatches, \
+from vigil.actuators.planners import WafJob, consolidate_stragglers, plan_workers, rebalance_microbatches, \
     reroute_congested_link
-from vigil.schemas import JobState
+from vigil.schemas import GPUS_PER_NODE, JobState
 
-GPUS_PER_NODE = 8
 
 
 def default_throughput(max_nodes: int, serial_fraction: float = 0.02) -> list[float]:
@@ -61,7 +60,7 @@ def replan(jobs: Mapping[str, JobState], healthy_nodes: set[str], d_running: flo
         minimum = min(minimum, wanted)
         size = len(healthy_now) if minimum <= len(healthy_now) <= wanted else 0
         current[name] = healthy_now
-        specs.append(JobSpec(name=name, weight=js.weight, min_workers=minimum, throughput=default_throughput(wanted),
+        specs.append(WafJob(name=name, weight=js.weight, min_workers=minimum, throughput=default_throughput(wanted),
                              current_workers=size, failed=len(healthy_now) < len(js.nodes)))
     plan = plan_workers(specs, len(healthy_nodes), d_running, d_transition)
     free = sorted(healthy_nodes - {n for nodes in current.values() for n in nodes})

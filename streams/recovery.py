@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Record:
+class LogRecord:
     topic: str
     partition: int
     offset: int
@@ -31,7 +31,7 @@ class Record:
 
 
 def read_before_committed(kafka_conf: dict[str, Any], group_id: str, partitions: Iterable[tuple[str, int]],
-                          window_s: float, now: float, timeout_s: float = 30.0) -> list[Record]:
+                          window_s: float, now: float, timeout_s: float = 30.0) -> list[LogRecord]:
     """Records of ``partitions`` written in the last ``window_s`` and not past the
     group's committed offset (what the previous owner had already processed)."""
     tps = [TopicPartition(t, p) for t, p in partitions]
@@ -53,7 +53,7 @@ def read_before_committed(kafka_conf: dict[str, Any], group_id: str, partitions:
         consumer.assign([TopicPartition(tp.topic, tp.partition, starts[(tp.topic, tp.partition)]) for tp in todo])
         end = {(tp.topic, tp.partition): committed[(tp.topic, tp.partition)] for tp in todo}
         done: set[tuple[str, int]] = set()
-        out: list[Record] = []
+        out: list[LogRecord] = []
         deadline = time.monotonic() + timeout_s
         while len(done) < len(todo) and time.monotonic() < deadline:
             for msg in consumer.consume(5000, timeout=0.2):
@@ -64,7 +64,7 @@ def read_before_committed(kafka_conf: dict[str, Any], group_id: str, partitions:
                     done.add(key)
                     continue
                 kind, ms = msg.timestamp()
-                out.append(Record(msg.topic(), msg.partition(), msg.offset(), ms / 1000 if ms > 0 else None,
+                out.append(LogRecord(msg.topic(), msg.partition(), msg.offset(), ms / 1000 if ms > 0 else None,
                                   msg.value()))
                 if msg.offset() + 1 >= end[key]:
                     done.add(key)
@@ -76,7 +76,7 @@ def read_before_committed(kafka_conf: dict[str, Any], group_id: str, partitions:
 
 
 def read_recent(kafka_conf: dict[str, Any], topic: str, window_s: float, now: float,
-                timeout_s: float = 30.0) -> list[Record]:
+                timeout_s: float = 30.0) -> list[LogRecord]:
     """Every record of ``topic`` written in the last ``window_s`` (no group)."""
     consumer = Consumer({**kafka_conf, "group.id": "vigil-recovery", "enable.auto.commit": False,
                          "fetch.wait.max.ms": 10, "enable.partition.eof": True, "log_level": 3})
@@ -90,7 +90,7 @@ def read_recent(kafka_conf: dict[str, Any], topic: str, window_s: float, now: fl
         if not tps:
             return []
         consumer.assign([TopicPartition(topic, tp.partition, starts[(topic, tp.partition)]) for tp in tps])
-        out: list[Record] = []
+        out: list[LogRecord] = []
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout_s
         while len(at_end) < len(tps) and time.monotonic() < deadline:
@@ -100,7 +100,7 @@ def read_recent(kafka_conf: dict[str, Any], topic: str, window_s: float, now: fl
                         at_end.add(msg.partition())
                     continue
                 kind, ms = msg.timestamp()
-                out.append(Record(msg.topic(), msg.partition(), msg.offset(), ms / 1000 if ms > 0 else None,
+                out.append(LogRecord(msg.topic(), msg.partition(), msg.offset(), ms / 1000 if ms > 0 else None,
                                   msg.value()))
         return out
     finally:

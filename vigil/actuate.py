@@ -357,7 +357,7 @@ def _ledger_default(state_dir: Path) -> Path:
 
 def actuate(
     backend: str = typer.Option("slurm", "--backend", help="How to act: slurm, kubernetes or local."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Record what would run; run nothing (results say 'dry run: ...')."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="LedgerRecord what would run; run nothing (results say 'dry run: ...')."),
     ledger: Optional[Path] = typer.Option(None, "--ledger", help="The actuator's ledger (default: <state dir>/actuator-ledger.sqlite)."),
     node: Optional[List[str]] = typer.Option(None, "--node", help="A node the actuator may act on (repeatable)."),
     job: Optional[List[str]] = typer.Option(None, "--job", help="A job the actuator may act on (repeatable)."),

@@ -28,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vigil.producers.publisher import Publisher
-from vigil.producers.simulator import ClusterSimulator, Fault, demo_scenario
+from vigil.sim.simulator import ClusterSimulator, Fault, demo_scenario
 from vigil.schemas import Alert, Decision, decode
 from vigil.streams.kafka import reader
 from vigil.broker import StackError, die_with_parent

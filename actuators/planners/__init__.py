@@ -23,10 +23,10 @@ from vigil.actuators.planners.placement import (
     placement_spread,
 )
 from vigil.actuators.planners.topology import TopologyPlan, consolidate_stragglers, reroute_congested_link
-from vigil.actuators.planners.waf import JobSpec, Plan, job_gains, plan_workers
+from vigil.actuators.planners.waf import WafJob, Plan, job_gains, plan_workers
 
 __all__ = [
-    "JobSpec", "Plan", "job_gains", "plan_workers",
+    "WafJob", "Plan", "job_gains", "plan_workers",
     "Placement", "place_job", "place_best_fit", "place_random_fit", "place_packing", "placement_spread",
     "MicrobatchPlan", "rebalance_microbatches",
     "TopologyPlan", "consolidate_stragglers", "reroute_congested_link",

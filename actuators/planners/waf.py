@@ -67,7 +67,7 @@ from typing import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-__all__ = ["JobSpec", "Plan", "job_gains", "plan_workers"]
+__all__ = ["WafJob", "Plan", "job_gains", "plan_workers"]
 
 
 def _is_int(v: object) -> bool:
@@ -79,7 +79,7 @@ def _is_real(v: object) -> bool:
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class WafJob:
     """One job of the re-planning problem (see the module docstring).
 
     Parameters
@@ -110,9 +110,9 @@ class JobSpec:
     _table: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        who = f"JobSpec {self.name!r}"
+        who = f"WafJob {self.name!r}"
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"JobSpec name must be a non-empty string, got {self.name!r}")
+            raise ValueError(f"WafJob name must be a non-empty string, got {self.name!r}")
         if not _is_real(self.weight) or not math.isfinite(self.weight) or self.weight < 0:
             raise ValueError(f"{who}: weight must be a finite number >= 0, got {self.weight!r}")
         if not _is_int(self.min_workers) or self.min_workers < 1:
@@ -183,12 +183,12 @@ class Plan:
         return sum(self.workers)
 
 
-def job_gains(job: JobSpec, d_running: float, d_transition: float, limit: int | None = None) -> np.ndarray:
+def job_gains(job: WafJob, d_running: float, d_transition: float, limit: int | None = None) -> np.ndarray:
     """``G(t, x')`` for ``x' = 0 .. len(throughput) - 1`` (``-inf`` where ``x'`` is forbidden).
 
     Parameters
     ----------
-    job : JobSpec
+    job : WafJob
     d_running, d_transition : float
         Expected running time of the plan and the stall of a reconfiguration.
     limit : int, optional
@@ -205,7 +205,7 @@ def job_gains(job: JobSpec, d_running: float, d_transition: float, limit: int | 
 
     Examples
     --------
-    >>> job = JobSpec("a", weight=1.0, min_workers=2, throughput=[0, 1, 3, 4], current_workers=2)
+    >>> job = WafJob("a", weight=1.0, min_workers=2, throughput=[0, 1, 3, 4], current_workers=2)
     >>> job_gains(job, d_running=10, d_transition=1).tolist()
     [-3.0, -inf, 30.0, 37.0]
     """
@@ -226,7 +226,7 @@ def job_gains(job: JobSpec, d_running: float, d_transition: float, limit: int | 
     return g
 
 
-def plan_workers(jobs: Sequence[JobSpec], available: int, d_running: float, d_transition: float) -> Plan:
+def plan_workers(jobs: Sequence[WafJob], available: int, d_running: float, d_transition: float) -> Plan:
     """Choose every job's worker count to maximise the total gain (Unicron's re-planning).
 
     Exact dynamic programming, ``O(m * n * L)`` (``L`` = longest throughput
@@ -235,7 +235,7 @@ def plan_workers(jobs: Sequence[JobSpec], available: int, d_running: float, d_tr
 
     Parameters
     ----------
-    jobs : sequence of JobSpec
+    jobs : sequence of WafJob
         The jobs, names unique.
     available : int
         ``n``, the healthy workers that can be allocated (``>= 0``).
@@ -265,8 +265,8 @@ def plan_workers(jobs: Sequence[JobSpec], available: int, d_running: float, d_tr
     from 4 to 3 (it pays the transition) so that ``b`` restarts on 3 beats
     restarting ``b`` on 2:
 
-    >>> a = JobSpec("a", weight=1.0, min_workers=2, throughput=[0, 0, 2, 3, 4, 4.5, 4.6], current_workers=4)
-    >>> b = JobSpec("b", weight=2.0, min_workers=2, throughput=[0, 0, 2, 3], current_workers=3, failed=True)
+    >>> a = WafJob("a", weight=1.0, min_workers=2, throughput=[0, 0, 2, 3, 4, 4.5, 4.6], current_workers=4)
+    >>> b = WafJob("b", weight=2.0, min_workers=2, throughput=[0, 0, 2, 3], current_workers=3, failed=True)
     >>> plan = plan_workers([a, b], available=6, d_running=100, d_transition=5)
     >>> plan.allocation, plan.objective
     ({'a': 3, 'b': 3}, 850.0)
@@ -279,8 +279,8 @@ def plan_workers(jobs: Sequence[JobSpec], available: int, d_running: float, d_tr
     jobs = list(jobs)
     seen: set[str] = set()
     for j in jobs:
-        if not isinstance(j, JobSpec):
-            raise ValueError(f"jobs must be JobSpec instances, got {type(j).__name__}")
+        if not isinstance(j, WafJob):
+            raise ValueError(f"jobs must be WafJob instances, got {type(j).__name__}")
         if j.name in seen:
             raise ValueError(f"jobs: duplicate job name {j.name!r}")
         seen.add(j.name)

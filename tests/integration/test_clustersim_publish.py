@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 
-from vigil.producers.clustersim import simulate
-from vigil.producers.clustersim.model import MODELS, JobConfig, Topology
-from vigil.producers.clustersim.publish import AcceleratedPublisher
-from vigil.producers.clustersim.traces import DAY, FailStop, Trace
+from vigil.sim.clustersim import simulate
+from vigil.sim.clustersim.model import MODELS, JobConfig, Topology
+from vigil.sim.clustersim.publish import AcceleratedPublisher
+from vigil.sim.clustersim.traces import DAY, FailStop, FailureTrace
 from vigil.producers.publisher import Publisher
 from vigil.schemas import decode
 from vigil.streams.kafka import reader
@@ -25,7 +25,7 @@ def test_a_simulated_run_lands_on_its_topics_once_in_accelerated_time(config):
     jobs = [JobConfig("sim-job", MODELS["1.3B"], 1.0, size=3)]
     stops = (FailStop(600.0, "node-000", 2, "process_exit", "", "restart"),
              FailStop(3000.0, "node-002", 1, "node_loss", "", "exclude", repair_s=DAY))
-    trace = Trace("e2e", tuple(topo.nodes), 3600.0, 0, stops, ())
+    trace = FailureTrace("e2e", tuple(topo.nodes), 3600.0, 0, stops, ())
     publisher = Publisher(config.kafka_conf(), config.topic_prefix)
     speedup = 20_000.0
     tap = AcceleratedPublisher(publisher, speedup=speedup, kinds={"alert", "decision", "action_result", "node_state"})

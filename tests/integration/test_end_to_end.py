@@ -11,7 +11,7 @@ import time
 import pytest
 
 from vigil.producers.publisher import Publisher
-from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.sim.simulator import ClusterSimulator, Fault, SimJob
 from vigil.schemas import Alert, decode
 from vigil.streams.kafka import reader
 from vigil.streams.sink import HistorySink
@@ -19,8 +19,8 @@ from tests.integration.conftest import wait_for
 
 def test_node_loss_and_hang_are_detected_end_to_end(config, worker, history):
     nodes = [f"n{i}" for i in range(6)]
-    jobs = [JobSpec("train-a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.3),
-            JobSpec("train-b", ("n2", "n3"), dp=2, pp=2, tp=4, iteration_s=0.2)]
+    jobs = [SimJob("train-a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.3),
+            SimJob("train-b", ("n2", "n3"), dp=2, pp=2, tp=4, iteration_s=0.2)]
     faults = [Fault("node_loss", "n5", at=3.0), Fault("hang", "train-b", at=4.0)]
     start = time.time()
     sim = ClusterSimulator(nodes, jobs, faults, start=start, heartbeat_interval_s=0.5, seed=2)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from vigil.producers.clustersim import simulate
-from vigil.producers.clustersim.model import MODELS, JobConfig, Topology
-from vigil.producers.clustersim.traces import DAY, FailStop, Trace
+from vigil.sim.clustersim import simulate
+from vigil.sim.clustersim.model import MODELS, JobConfig, Topology
+from vigil.sim.clustersim.traces import DAY, FailStop, FailureTrace
 
 #: The incident kind the detectors name each injected fault kind with.
 INCIDENT_KIND = {"process_exit": "process_exit", "node_loss": "node_lost", "xid": "xid"}
@@ -20,7 +20,7 @@ def test_incidents_from_a_simulated_run_equal_the_injected_faults(history):
                 FailStop(3000.0, "node-002", 1, "node_loss", "", "exclude", repair_s=DAY),
                 FailStop(5000.0, "node-001", 1, "xid", "48", "exclude", repair_s=DAY))
     events: list = []
-    simulate("vigil", jobs, topo, Trace("history", tuple(topo.nodes), 8000.0, 0, injected, ()),
+    simulate("vigil", jobs, topo, FailureTrace("history", tuple(topo.nodes), 8000.0, 0, injected, ()),
              tap=lambda _t, batch: events.extend(batch))
     assert history.insert_events(events) == len({e.event_id for e in events})
 

@@ -8,7 +8,7 @@ import signal
 import time
 
 from vigil.producers.publisher import Publisher
-from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.sim.simulator import ClusterSimulator, Fault, SimJob
 from vigil.schemas import Alert, decode
 from vigil.streams.kafka import reader
 from tests.integration.conftest import WorkerProcess, wait_for
@@ -16,8 +16,8 @@ from tests.integration.conftest import WorkerProcess, wait_for
 
 def _cluster(start: float, faults):
     nodes = [f"n{i}" for i in range(6)]
-    jobs = [JobSpec("train-a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.3),
-            JobSpec("train-b", ("n2", "n3"), dp=2, pp=2, tp=4, iteration_s=0.25)]
+    jobs = [SimJob("train-a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.3),
+            SimJob("train-b", ("n2", "n3"), dp=2, pp=2, tp=4, iteration_s=0.25)]
     return ClusterSimulator(nodes, jobs, faults, start=start, heartbeat_interval_s=0.5, seed=4)
 
 

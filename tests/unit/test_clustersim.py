@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from vigil.producers.clustersim import Costs, scenario, simulate
-from vigil.producers.clustersim.model import (
+from vigil.sim.clustersim import Costs, scenario, simulate
+from vigil.sim.clustersim.model import (
     MODELS, HardwareSpec, JobConfig, StepFactors, Topology, iteration_time, link_role, throughput_table,
 )
-from vigil.producers.clustersim.publish import AcceleratedPublisher
-from vigil.producers.clustersim.traces import DAY, FailSlow, FailStop, Trace, preset
+from vigil.sim.clustersim.publish import AcceleratedPublisher
+from vigil.sim.clustersim.traces import DAY, FailSlowFault, FailStop, FailureTrace, preset
 
 #: No communication and no per-step overhead: an iteration is pure compute.
 COMPUTE_ONLY = HardwareSpec(allreduce_overlap=1.0, ring_latency_s=0.0, overhead_s=0.0)
@@ -22,7 +22,7 @@ COMPUTE_ONLY = HardwareSpec(allreduce_overlap=1.0, ring_latency_s=0.0, overhead_
 def run_small(policy, stops=(), slows=(), days=1.0, size=2, hw=HardwareSpec(), costs=Costs(), seed=0, model="1.3B"):
     topo = Topology.build(size, size)
     jobs = [JobConfig("j", MODELS[model], 1.0, size=size)]
-    trace = Trace("t", tuple(topo.nodes), days * DAY, seed, tuple(stops), tuple(slows))
+    trace = FailureTrace("t", tuple(topo.nodes), days * DAY, seed, tuple(stops), tuple(slows))
     return simulate(policy, jobs, topo, trace, costs=costs, hw=hw, seed=seed)
 
 
@@ -70,7 +70,7 @@ def test_throughput_is_non_linear_and_only_multiples_of_the_pipeline_depth_count
 
 
 def test_simulated_progress_loses_exactly_what_a_slow_gpu_costs():
-    slow = FailSlow(t=10_000.0, node="node-000", cause="computation", factor=1.5, duration_s=3600.0, gpu=3)
+    slow = FailSlowFault(t=10_000.0, node="node-000", cause="computation", factor=1.5, duration_s=3600.0, gpu=3)
     clean = run_small("restart-only", hw=COMPUTE_ONLY)
     r = run_small("restart-only", slows=[slow], hw=COMPUTE_ONLY)
     job = r["jobs"]["j"]
@@ -117,12 +117,12 @@ class _LeaveTheStraggler:
 
 @pytest.mark.parametrize("onto", ["node-001", None])
 def test_leaving_a_straggler_costs_the_share_of_speed_the_job_gives_up_while_the_episode_lasts(onto):
-    from vigil.producers.clustersim.engine import Simulation
+    from vigil.sim.clustersim.engine import Simulation
 
     topo = Topology.build(2, 2)
     jobs = [JobConfig("j", MODELS["1.3B"], 1.0, size=2)]
-    slow = FailSlow(t=10_000.0, node="node-000", cause="computation", factor=2.0, duration_s=3600.0, gpu=1)
-    trace = Trace("t", tuple(topo.nodes), DAY, 0, (), (slow,))
+    slow = FailSlowFault(t=10_000.0, node="node-000", cause="computation", factor=2.0, duration_s=3600.0, gpu=1)
+    trace = FailureTrace("t", tuple(topo.nodes), DAY, 0, (), (slow,))
     sim = Simulation(jobs, topo, trace, _LeaveTheStraggler(onto), hw=COMPUTE_ONLY,
                      initial={"j": [["node-000"], ["node-001"]]})
     r = sim.run()
@@ -207,7 +207,7 @@ def test_vigil_retries_in_place_then_escalates_when_the_failure_comes_back():
 
 
 def test_vigil_detects_and_mitigates_a_slow_gpu():
-    slow = FailSlow(t=20_000.0, node="node-001", cause="computation", factor=2.0, duration_s=4 * 3600.0, gpu=5)
+    slow = FailSlowFault(t=20_000.0, node="node-001", cause="computation", factor=2.0, duration_s=4 * 3600.0, gpu=5)
     r = run_small("vigil", slows=[slow], days=0.5)
     assert events(r, "alert", status="open", kind="fail_slow")
     assert events(r, "decision", action="rebalance_microbatches", job="j")
@@ -265,7 +265,7 @@ def test_the_oracle_counts_a_node_down_once_when_it_fails_again_under_repair():
     table = throughput_table(MODELS["1.3B"], 2)
     stops = (FailStop(1 * DAY, "n0", 1, "node_loss", "", "exclude", 2 * DAY),
              FailStop(2 * DAY, "n0", 1, "xid", "79", "exclude", 5 * DAY))  # n0 is under repair: nothing changes
-    trace = Trace("t", ("n0", "n1"), 10 * DAY, 0, stops, ())
+    trace = FailureTrace("t", ("n0", "n1"), 10 * DAY, 0, stops, ())
     assert trace.outages() == [("n0", 1 * DAY, 3 * DAY)] and trace.on_down_nodes() == 1
     assert oracle_waf(jobs, trace) == pytest.approx((table[2] * 8 * DAY + table[1] * 2 * DAY) / 1e18)
 
@@ -311,7 +311,7 @@ def test_accelerated_publisher_paces_simulated_time():
     r = run_small("vigil", stops=[crash], days=0.1)
     topo = Topology.build(2, 2)
     jobs = [JobConfig("j", MODELS["1.3B"], 1.0, size=2)]
-    trace = Trace("t", tuple(topo.nodes), 0.1 * DAY, 0, (crash,), ())
+    trace = FailureTrace("t", tuple(topo.nodes), 0.1 * DAY, 0, (crash,), ())
     simulate("vigil", jobs, topo, trace, tap=tap)
     kinds = {e.event_type for e in published}
     assert {"alert", "decision", "action_result", "node_state", "job_state", "heartbeat", "process_exit"} <= kinds

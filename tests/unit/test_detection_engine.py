@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.sim.simulator import ClusterSimulator, Fault, SimJob
 from vigil.schemas import Alert, Heartbeat, IterationTiming, Source, from_seconds, to_seconds
 from vigil.streams.detection import DetectionEngine
 from vigil.streams.pipeline import InProcessPipeline
@@ -32,8 +32,8 @@ def play(sim: ClusterSimulator, seconds: float):
 
 def cluster(faults, telemetry=1.0, seed=11, step_batches=False):
     nodes = [f"n{i}" for i in range(6)]
-    jobs = [JobSpec("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.4),
-            JobSpec("b", ("n2", "n3"), dp=2, pp=2, tp=4, iteration_s=0.2)]
+    jobs = [SimJob("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.4),
+            SimJob("b", ("n2", "n3"), dp=2, pp=2, tp=4, iteration_s=0.2)]
     return ClusterSimulator(nodes, jobs, faults, start=5000.0, heartbeat_interval_s=1.0, seed=seed,
                             telemetry_interval_s=telemetry, step_batches=step_batches)
 

@@ -5,7 +5,7 @@ import pytest
 
 from vigil.detectors.base import DetectorError
 from vigil.detectors.period import IterationPeriod, acf, acf_period, iteration_time_from_period
-from vigil.producers.rank_traces import make_collective_stream
+from vigil.sim.rank_traces import make_collective_stream
 
 
 def test_acf_exact_period():

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vigil.actuators.planners import (
-    JobSpec,
+    WafJob,
     consolidate_stragglers,
     place_best_fit,
     place_job,
@@ -34,14 +34,14 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 # --------------------------------------------------------------------------- WAF (Unicron)
 
-def _waf(job: JobSpec, x: int) -> float:
+def _waf(job: WafJob, x: int) -> float:
     """F(t, x) from the definition."""
     if x <= 0 or x < job.min_workers or x >= len(job.throughput):
         return 0.0
     return job.weight * job.throughput[x]
 
 
-def _gain(job: JobSpec, x_new: int, d_run: float, d_tr: float) -> float:
+def _gain(job: WafJob, x_new: int, d_run: float, d_tr: float) -> float:
     moved = x_new != job.current_workers or job.failed
     return _waf(job, x_new) * d_run - (_waf(job, job.current_workers) * d_tr if moved else 0.0)
 
@@ -72,7 +72,7 @@ def waf_instances(draw):
         table = [0] + draw(st.lists(st.integers(0, 9), min_size=length - 1, max_size=length - 1))
         min_workers = draw(st.integers(1, 4))
         valid_current = [0] + list(range(min_workers, length))
-        jobs.append(JobSpec(name=f"j{i}", weight=draw(st.integers(0, 3)), min_workers=min_workers,
+        jobs.append(WafJob(name=f"j{i}", weight=draw(st.integers(0, 3)), min_workers=min_workers,
                             throughput=table, current_workers=draw(st.sampled_from(valid_current)),
                             failed=draw(st.booleans())))
     return jobs, n, draw(st.integers(0, 5)), draw(st.integers(0, 5))
@@ -94,19 +94,19 @@ def test_waf_equals_brute_force(instance):
 
 
 def test_waf_job_that_cannot_reach_its_minimum_gets_zero():
-    big = JobSpec("big", weight=5.0, min_workers=6, throughput=[0, 1, 2, 3, 4, 5, 100, 100], current_workers=0)
-    small = JobSpec("small", weight=1.0, min_workers=1, throughput=[0, 1, 2, 3, 4], current_workers=2)
+    big = WafJob("big", weight=5.0, min_workers=6, throughput=[0, 1, 2, 3, 4, 5, 100, 100], current_workers=0)
+    small = WafJob("small", weight=1.0, min_workers=1, throughput=[0, 1, 2, 3, 4], current_workers=2)
     plan = plan_workers([big, small], available=5, d_running=10, d_transition=1)
     assert plan.allocation == {"big": 0, "small": 4}
     # a minimum beyond the job's own table: never runs, whatever the cluster
-    odd = JobSpec("odd", weight=1.0, min_workers=4, throughput=[0, 1, 2], current_workers=0)
+    odd = WafJob("odd", weight=1.0, min_workers=4, throughput=[0, 1, 2], current_workers=0)
     assert plan_workers([odd], available=100, d_running=10, d_transition=1).workers == (0,)
 
 
 def test_waf_failed_worker_forces_the_transition_cost():
     table = [0, 0, 4, 6]
-    healthy = JobSpec("a", weight=1.0, min_workers=2, throughput=table, current_workers=3)
-    failed = JobSpec("a", weight=1.0, min_workers=2, throughput=table, current_workers=3, failed=True)
+    healthy = WafJob("a", weight=1.0, min_workers=2, throughput=table, current_workers=3)
+    failed = WafJob("a", weight=1.0, min_workers=2, throughput=table, current_workers=3, failed=True)
     keep = plan_workers([healthy], available=3, d_running=10, d_transition=2)
     assert keep.workers == (3,) and keep.objective == 60.0
     restart = plan_workers([failed], available=3, d_running=10, d_transition=2)
@@ -116,9 +116,9 @@ def test_waf_failed_worker_forces_the_transition_cost():
 def test_waf_ties_keep_the_current_allocation():
     # sizes 2 and 3 give the same throughput: keeping 2 avoids a transition; with D_transition = 0
     # the gains are equal, and the tie rule still keeps the current size
-    job = JobSpec("a", weight=1.0, min_workers=1, throughput=[0, 1, 5, 5], current_workers=2)
+    job = WafJob("a", weight=1.0, min_workers=1, throughput=[0, 1, 5, 5], current_workers=2)
     assert plan_workers([job], available=3, d_running=1, d_transition=0).workers == (2,)
-    other = JobSpec("b", weight=1.0, min_workers=1, throughput=[0, 5, 5], current_workers=1)
+    other = WafJob("b", weight=1.0, min_workers=1, throughput=[0, 5, 5], current_workers=1)
     plan = plan_workers([job, other], available=3, d_running=1, d_transition=0)
     assert plan.allocation == {"a": 2, "b": 1} and plan.kept == 2
 
@@ -137,7 +137,7 @@ def test_waf_jobspec_validation_names_the_field(kwargs, field):
     args = dict(name="j", weight=1.0, min_workers=1, throughput=[0, 1, 2], current_workers=0)
     args.update(kwargs)
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        JobSpec(**args)
+        WafJob(**args)
 
 
 @pytest.mark.parametrize("args, field", [
@@ -147,7 +147,7 @@ def test_waf_jobspec_validation_names_the_field(kwargs, field):
     (dict(d_transition=math.inf), "d_transition"),
 ])
 def test_waf_plan_validation_names_the_field(args, field):
-    job = JobSpec("j", weight=1.0, min_workers=1, throughput=[0, 1, 2])
+    job = WafJob("j", weight=1.0, min_workers=1, throughput=[0, 1, 2])
     kw = dict(available=2, d_running=1.0, d_transition=1.0)
     kw.update(args)
     with pytest.raises(ValueError, match=field):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec, demo_scenario
+from vigil.sim.simulator import ClusterSimulator, Fault, SimJob, demo_scenario
 from vigil.schemas import Heartbeat, IterationTiming, to_seconds
 
 
 def small(faults, seed=0):
     nodes = [f"n{i}" for i in range(4)]
-    jobs = [JobSpec("a", ("n0", "n1"), dp=2, pp=2, tp=4, iteration_s=0.5),
-            JobSpec("b", ("n2",), dp=2, pp=1, tp=4, iteration_s=0.25)]
+    jobs = [SimJob("a", ("n0", "n1"), dp=2, pp=2, tp=4, iteration_s=0.5),
+            SimJob("b", ("n2",), dp=2, pp=1, tp=4, iteration_s=0.25)]
     return ClusterSimulator(nodes, jobs, faults, start=1000.0, heartbeat_interval_s=1.0, seed=seed)
 
 
@@ -71,7 +71,7 @@ def test_same_seed_same_events():
 
 
 def test_rank_coordinates_follow_megatron_order():
-    job = JobSpec("j", tuple(f"n{i}" for i in range(8)), dp=4, pp=2, tp=8, iteration_s=1.0)
+    job = SimJob("j", tuple(f"n{i}" for i in range(8)), dp=4, pp=2, tp=8, iteration_s=1.0)
     assert job.coordinates(0) == (0, 0, 0)
     assert job.coordinates(7) == (0, 0, 7)
     assert job.coordinates(8) == (0, 1, 0)
@@ -81,7 +81,7 @@ def test_rank_coordinates_follow_megatron_order():
 
 def test_invalid_scenarios_are_refused():
     with pytest.raises(ValueError):
-        JobSpec("j", ("n0",), dp=2, pp=1, tp=8, iteration_s=1.0)
+        SimJob("j", ("n0",), dp=2, pp=1, tp=8, iteration_s=1.0)
     with pytest.raises(ValueError):
         small([Fault("node_loss", "nope", at=1.0)])
 
@@ -93,7 +93,7 @@ def test_demo_scenario_is_valid():
 
 def test_a_slowdown_starts_with_the_first_step_planned_after_it():
     nodes = ["n0", "n1"]
-    job = JobSpec("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.5, jitter=0.0)
+    job = SimJob("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.5, jitter=0.0)
     sim = ClusterSimulator(nodes, [job], [Fault("gpu_slow", "n1", at=5.2, gpu=3, slowdown=1.0)], start=0.0,
                            telemetry_interval_s=1.0, step_batches=True)
     steps = [g[0] for g in sim.advance(10.0) if g[0].event_type == "iteration_step"]
@@ -106,7 +106,7 @@ def test_a_slowdown_starts_with_the_first_step_planned_after_it():
 
 def test_node_batches_send_each_nodes_samples_with_its_heartbeat():
     nodes = ["n0", "n1", "n2"]
-    job = JobSpec("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.5)
+    job = SimJob("a", ("n0", "n1"), dp=2, pp=1, tp=8, iteration_s=0.5)
 
     def run(node_batches):
         sim = ClusterSimulator(nodes, [job], [Fault("node_loss", "n2", at=4.5)], start=0.0, telemetry_interval_s=1.0,

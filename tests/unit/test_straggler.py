@@ -5,7 +5,7 @@ import pytest
 
 from vigil.detectors.base import DetectorError
 from vigil.detectors.straggler import StragglerLocalizer, falcon_localize, falcon_rule, localize, localize_window
-from vigil.producers.rank_traces import make_localization_case
+from vigil.sim.rank_traces import make_localization_case
 
 
 def _rec(rank, d, p, t, c, ops=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vigil.producers.traces import MIN_ONSET, generate_trace, generate_traces
+from vigil.sim.traces import MIN_ONSET, generate_trace, generate_traces
 
 
 @pytest.fixture(scope="module")

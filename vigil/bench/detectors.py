@@ -1,6 +1,6 @@
 """Labelled benchmark of the change-point detectors on generated iteration-time traces.
 
-``run(json_path)`` generates ``n_traces`` traces with :mod:`vigil.producers.traces`
+``run(json_path)`` generates ``n_traces`` traces with :mod:`vigil.sim.traces`
 (half clean, half with one or two injected fail-slows), feeds every trace,
 value by value with its timestamps, to a fresh instance (default parameters)
 of each detector in :data:`DETECTORS`, and scores the ``"fail_slow"`` change
@@ -24,13 +24,13 @@ iteration; the end of the trace when it outlasts it).
   a second alarm for an episode already detected, and any alarm on a clean
   trace).
 - **Required episodes**: those whose effective step (relative increase of the
-  expected iteration time at the onset, ``FailSlow.step``) is at least
+  expected iteration time at the onset, ``InjectedFailSlow.step``) is at least
   ``REQUIRED_STEP`` (10 %) and that last at least ``REQUIRED_ITERS`` (10)
   iterations inside the trace. Smaller or shorter ones (5 % slowdowns, a
   slow GPU hidden behind a slower one, a 20 s blip on a 4 s step) may be
   detected (that is a true positive, never a false one) but need not be:
   Falcon's verification counts 10 % and more.
-- **Trace accuracy**: a clean trace is correct when it raises no alarm; a
+- **IterationTrace accuracy**: a clean trace is correct when it raises no alarm; a
   faulty trace when every required episode is detected and there is no false
   positive. ``accuracy`` is the fraction of correct traces;
   ``accuracy_clean``, ``accuracy_computation``, ``accuracy_communication``
@@ -66,7 +66,7 @@ import numpy as np
 from vigil.detectors.base import REGISTRY, Detector
 import vigil.detectors.baselines  # noqa: F401  (registration)
 import vigil.detectors.verification  # noqa: F401  (registration)
-from vigil.producers.traces import Trace, generate_traces
+from vigil.sim.traces import IterationTrace, generate_traces
 
 __all__ = ["DETECTORS", "ONSET_TOLERANCE", "REQUIRED_STEP", "REQUIRED_ITERS", "run", "run_detector", "score_trace"]
 
@@ -80,7 +80,7 @@ REQUIRED_STEP = 0.10
 REQUIRED_ITERS = 10
 
 
-def run_detector(det: Detector, trace: Trace) -> tuple[list[tuple[int, int, str]], float]:
+def run_detector(det: Detector, trace: IterationTrace) -> tuple[list[tuple[int, int, str]], float]:
     """Feed ``trace`` to ``det``; return its change points ``(index, onset_index, kind)`` and the loop time."""
     out: list[tuple[int, int, str]] = []
     xs = trace.iteration_times.tolist()
@@ -95,12 +95,12 @@ def run_detector(det: Detector, trace: Trace) -> tuple[list[tuple[int, int, str]
     return out, time.perf_counter() - t0
 
 
-def _required(trace: Trace, e) -> bool:
+def _required(trace: IterationTrace, e) -> bool:
     end = e.recovery if e.recovery is not None else len(trace)
     return e.step >= REQUIRED_STEP and end - e.onset >= REQUIRED_ITERS
 
 
-def score_trace(trace: Trace, changes: list[tuple[int, int, str]]) -> dict[str, Any]:
+def score_trace(trace: IterationTrace, changes: list[tuple[int, int, str]]) -> dict[str, Any]:
     """Match one trace's change points to its ground truth (see the module docstring)."""
     n = len(trace)
     eps = list(trace.fail_slows)
@@ -146,7 +146,7 @@ def _p95(v: list[float]) -> float | None:
     return float(np.percentile(v, 95)) if v else None
 
 
-def _evaluate(name: str, traces: list[Trace]) -> dict[str, Any]:
+def _evaluate(name: str, traces: list[IterationTrace]) -> dict[str, Any]:
     cls = REGISTRY[name]
     n_correct = fp_total = clean_alarmed = 0
     by_class = {"clean": [0, 0], "computation": [0, 0], "communication": [0, 0]}

@@ -1,11 +1,11 @@
 """Scores for straggler localization and ACF iteration tracking on generated traces.
 
 ``score_localizer`` draws multi-rank cases from
-:func:`vigil.producers.rank_traces.make_localization_case` (a culprit class per
+:func:`vigil.sim.rank_traces.make_localization_case` (a culprit class per
 case, a random 3D layout, jitter and data-dependent imbalance always present)
 and counts a case correct when the localizer names the right class *and* the
 right location. ``score_acf`` draws collective-call streams from
-:func:`vigil.producers.rank_traces.make_collective_stream`, feeds them to the
+:func:`vigil.sim.rank_traces.make_collective_stream`, feeds them to the
 ``iteration_period`` detector and compares its iteration time with the truth
 over the same span. Both are seeded and take a few seconds.
 """
@@ -19,7 +19,7 @@ import numpy as np
 
 from vigil.detectors.period import IterationPeriod, acf_period
 from vigil.detectors.straggler import StragglerLocalizer, _median_records, falcon_localize, localize, localize_window
-from vigil.producers.rank_traces import make_collective_stream, make_localization_case
+from vigil.sim.rank_traces import make_collective_stream, make_localization_case
 
 __all__ = ["score_localizer", "score_acf"]
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from vigil.producers.publisher import Publisher
-from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
+from vigil.sim.simulator import ClusterSimulator, Fault, SimJob
 from vigil.schemas import Alert, IterationStep, decode, encode, encode_batch, group_type, message_key, topic_name
 from vigil.streams.config import StreamConfig
 from vigil.streams.kafka import ensure_topics, reader
@@ -70,7 +70,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 def _dataset(seconds: float) -> tuple[list[tuple[str, bytes, bytes]], int]:
     """(topic's event type, key, value) messages of a 4,096-GPU cluster, and the record count."""
     nodes = [f"node-{i:03d}" for i in range(512)]
-    jobs = [JobSpec(f"job-{k}", tuple(nodes[k * 64:(k + 1) * 64]), dp=32, pp=2, tp=8, iteration_s=0.5)
+    jobs = [SimJob(f"job-{k}", tuple(nodes[k * 64:(k + 1) * 64]), dp=32, pp=2, tp=8, iteration_s=0.5)
             for k in range(8)]
     sim = ClusterSimulator(nodes, jobs, [], start=time.time() - seconds - 5, heartbeat_interval_s=1.0, seed=1,
                            telemetry_interval_s=1.0, step_batches=True, node_batches=True)
@@ -137,7 +137,7 @@ def throughput(bootstrap: str, n_workers: int, dataset: list[tuple[str, bytes, b
 
 def _latency_cluster(start: float) -> tuple[ClusterSimulator, dict[str, list[Fault]]]:
     nodes = [f"n{i:02d}" for i in range(24)]
-    jobs = [JobSpec(f"j{k}", tuple(nodes[k * 2:k * 2 + 2]), dp=2, pp=1, tp=8, iteration_s=0.25) for k in range(10)]
+    jobs = [SimJob(f"j{k}", tuple(nodes[k * 2:k * 2 + 2]), dp=2, pp=1, tp=8, iteration_s=0.25) for k in range(10)]
     faults: dict[str, list[Fault]] = {
         "exception": [Fault("exception", f"j{k}", at=14.0 + k, rank=3, category="cuda_error") for k in range(2)],
         "process_exit": [Fault("process_exit", f"j{k}", at=14.5 + k, rank=1) for k in range(2, 4)],

@@ -36,6 +36,8 @@ headline keys keep their names when the headline instances are made smaller
 
 from __future__ import annotations
 
+from vigil.schemas import GPUS_PER_NODE
+
 import json
 import math
 import os
@@ -48,7 +50,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vigil.actuators.planners import (
-    JobSpec,
+    WafJob,
     place_best_fit,
     place_job,
     place_packing,
@@ -61,7 +63,6 @@ __all__ = ["run", "microbatch_instance", "waf_instance", "fragmented_cluster", "
 
 #: Targets from the issue, in milliseconds.
 TARGETS_MS = {"microbatch_512_ms": 10.0, "waf_100jobs_10k_ms": 100.0, "placement_512of1024_ms": 1000.0}
-GPUS_PER_NODE = 8
 MINIPOD_NODES = 32
 
 
@@ -74,7 +75,7 @@ def microbatch_instance(groups: int, seed: int = 0) -> tuple[list[float], int]:
     return t.tolist(), 8 * groups
 
 
-def waf_instance(jobs: int, workers: int, max_size: int, seed: int = 0, scale: int = 1) -> list[JobSpec]:
+def waf_instance(jobs: int, workers: int, max_size: int, seed: int = 0, scale: int = 1) -> list[WafJob]:
     """``jobs`` jobs for a cluster of ``workers`` workers (see the module docstring).
 
     ``scale`` multiplies every size (8 turns a node-level instance into the
@@ -94,7 +95,7 @@ def waf_instance(jobs: int, workers: int, max_size: int, seed: int = 0, scale: i
         t[0] = 0.0
         low = max(1, int(sizes[i] * rng.uniform(0.0, 0.5))) * scale
         current = max(low, int(cur[i]) * scale)
-        out.append(JobSpec(name=f"job-{i}", weight=float(rng.uniform(0.5, 2.0)), min_workers=low,
+        out.append(WafJob(name=f"job-{i}", weight=float(rng.uniform(0.5, 2.0)), min_workers=low,
                            throughput=t.tolist(), current_workers=current, failed=bool(rng.random() < 0.03)))
     return out
 

@@ -1,6 +1,6 @@
 """``vigil bench policies``: how much training vigil gets back, against restart-only recovery.
 
-Runs the discrete-event cluster simulator (:mod:`vigil.producers.clustersim`) on a
+Runs the discrete-event cluster simulator (:mod:`vigil.sim.clustersim`) on a
 failure trace with each recovery policy — ``restart-only``, ``per-job``,
 ``vigil`` — from the same initial placement, and reports per policy the
 accumulated WAF (weighted EFLOP: the integral of Unicron's weighted achieved
@@ -35,11 +35,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vigil.actuators.planners import JobSpec, plan_workers
-from vigil.producers.clustersim import Costs, scenario, simulate
-from vigil.producers.clustersim.model import JobConfig, throughput_table
-from vigil.producers.clustersim.policies import initial_placement
-from vigil.producers.clustersim.traces import DAY, Trace
+from vigil.actuators.planners import WafJob, plan_workers
+from vigil.sim.clustersim import Costs, scenario, simulate
+from vigil.sim.clustersim.model import JobConfig, throughput_table
+from vigil.sim.clustersim.policies import initial_placement
+from vigil.sim.clustersim.traces import DAY, FailureTrace
 
 __all__ = ["run", "oracle_waf", "format_table", "TARGETS"]
 
@@ -58,7 +58,7 @@ YARDSTICKS = {"oracle_ratio": ("bound", "oracle: every healthy node at the best 
                                                         "better)")}
 
 
-def oracle_waf(jobs: list[JobConfig], trace: Trace) -> float:
+def oracle_waf(jobs: list[JobConfig], trace: FailureTrace) -> float:
     """Upper bound of the accumulated WAF (weighted EFLOP): the best allocation of the healthy nodes at every
     moment, with no recovery cost and no fail-slow (sev1 repairs are the only loss)."""
     n = len(trace.nodes)
@@ -67,7 +67,7 @@ def oracle_waf(jobs: list[JobConfig], trace: Trace) -> float:
         changes.append((down, -1))
         changes.append((min(trace.duration_s, back), +1))
     changes.sort()
-    specs = [JobSpec(j.name, j.weight, j.minimum, throughput_table(j.model, j.size)) for j in jobs]
+    specs = [WafJob(j.name, j.weight, j.minimum, throughput_table(j.model, j.size)) for j in jobs]
     cache: dict[int, float] = {}
 
     def best(nodes: int) -> float:
@@ -107,7 +107,7 @@ def _summary(r: dict[str, Any], base: float) -> dict[str, Any]:
     }
 
 
-def _run_trace(jobs: list[JobConfig], topo: Any, trace: Trace, seed: int, costs: Costs,
+def _run_trace(jobs: list[JobConfig], topo: Any, trace: FailureTrace, seed: int, costs: Costs,
                progress: Callable[[str], Any] | None) -> dict[str, dict[str, Any]]:
     init = initial_placement(jobs, topo)
     out = {}
@@ -118,7 +118,7 @@ def _run_trace(jobs: list[JobConfig], topo: Any, trace: Trace, seed: int, costs:
     return out
 
 
-def _sweep_row(seed: int, jobs: list[JobConfig], trace: Trace, oracle: float, base: dict[str, Any],
+def _sweep_row(seed: int, jobs: list[JobConfig], trace: FailureTrace, oracle: float, base: dict[str, Any],
                vigil: dict[str, Any], seer: dict[str, Any]) -> dict[str, Any]:
     """One seed of the sweep, from its restart-only, vigil and clairvoyant runs and its oracle bound."""
     waf = base["accumulated_waf"]
@@ -336,7 +336,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# Policy benchmark: {result['trace']}, {result['gpus']} GPUs, seed {result['seed']}", "",
              f"`vigil bench policies --trace {result['trace']} --gpus {result['gpus']} --seed {result['seed']}"
              f"{'' if 'scale_run' in d else ' --no-scale'}` "
-             f"({result['wall_s']:.0f} s on {d['machine']['cpus']} CPUs). Trace: {d['trace_days']:.0f} days, "
+             f"({result['wall_s']:.0f} s on {d['machine']['cpus']} CPUs). FailureTrace: {d['trace_days']:.0f} days, "
              + ", ".join(f"{k} {v}" for k, v in d["trace_counts"].items())
              + (f" ({d['trace_faults_on_down_nodes']} of these fall on nodes already under repair, when every node "
                 "is down, and change nothing)" if d.get("trace_faults_on_down_nodes") else "") + ".", "",

@@ -57,13 +57,14 @@ from typing import Sequence
 
 import numpy as np
 
+from vigil.schemas import GPUS_PER_NODE
+
 __all__ = [
-    "GPUS_PER_NODE", "HardwareSpec", "ModelSpec", "MODELS", "JobConfig", "StepFactors", "Topology",
+    "HardwareSpec", "ModelSpec", "MODELS", "JobConfig", "StepFactors", "Topology",
     "iteration_time", "healthy_iteration_time", "throughput_table", "sample_iterations", "link_role",
     "unicron_case5", "mixed_jobs",
 ]
 
-GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True)

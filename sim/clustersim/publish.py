@@ -1,6 +1,6 @@
 """Publish a simulation's events to Kafka in accelerated time (the demo, end-to-end tests).
 
-:class:`AcceleratedPublisher` is a tap for :func:`vigil.producers.clustersim.simulate`:
+:class:`AcceleratedPublisher` is a tap for :func:`vigil.sim.clustersim.simulate`:
 it receives every event the run produces (the probes' telemetry, alerts,
 decisions, action results, job and node states) with the simulated time it
 was produced at, and hands each to a :class:`vigil.producers.publisher.Publisher`

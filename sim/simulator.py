@@ -19,16 +19,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vigil.schemas import (
+    GPUS_PER_NODE,
     Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters, ProcessExit,
     Source,
     TrainingException, XidError, from_seconds,
 )
 
-GPUS_PER_NODE = 8
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class SimJob:
     """A synchronous training job: ``dp * pp * tp`` ranks, 8 per node, in order."""
 
     name: str
@@ -173,7 +173,7 @@ class ClusterSimulator:
     the step: the fast ranks wait, the slow one barely does.
     """
 
-    def __init__(self, nodes: list[str], jobs: list[JobSpec], faults: list[Fault], start: float,
+    def __init__(self, nodes: list[str], jobs: list[SimJob], faults: list[Fault], start: float,
                  heartbeat_interval_s: float = 1.0, seed: int = 0, cluster: str = "sim",
                  telemetry_interval_s: float | None = None, step_batches: bool = False,
                  node_batches: bool = False) -> None:
@@ -241,7 +241,7 @@ class ClusterSimulator:
         self._seq += 1
         heapq.heappush(self._queue, _Due(at, self._seq, what, target))
 
-    def _schedule_iteration(self, job: JobSpec, begin: float) -> None:
+    def _schedule_iteration(self, job: SimJob, begin: float) -> None:
         """Plan the next step of ``job`` from ``begin``: per-rank compute and its end."""
         base = job.iteration_s * math.exp(self._rng.gauss(0.0, job.jitter))
         computes = []
@@ -264,7 +264,7 @@ class ClusterSimulator:
         self._plan[job.name] = (duration, computes)
         self._push(begin + duration, "iteration", job.name)
 
-    def _job_blocked(self, job: JobSpec) -> bool:
+    def _job_blocked(self, job: SimJob) -> bool:
         return job.name in self._hung_jobs or any(n in self._lost_nodes for n in job.nodes)
 
     def advance(self, until: float) -> list[list[Envelope]]:
@@ -400,7 +400,7 @@ class ClusterSimulator:
                           port=1, counters={k: int(v) for k, v in totals.items()}, port_state="ACTIVE")
         return [gpus, [nic]]
 
-    def _iteration(self, job: JobSpec, end: float) -> list[Envelope]:
+    def _iteration(self, job: SimJob, end: float) -> list[Envelope]:
         begin = self._iter_start[job.name]
         duration, computes = self._plan[job.name]
         step = self._step[job.name]
@@ -441,9 +441,9 @@ def demo_scenario(start: float, seed: int = 0) -> ClusterSimulator:
     """
     nodes = [f"node-{i:02d}" for i in range(18)]
     jobs = [
-        JobSpec("llama-7b", tuple(nodes[0:8]), dp=4, pp=2, tp=8, iteration_s=0.5),
-        JobSpec("gpt-1b3", tuple(nodes[8:16]), dp=8, pp=1, tp=8, iteration_s=0.3),
-        JobSpec("bert-340m", tuple(nodes[16:18]), dp=2, pp=1, tp=8, iteration_s=0.25),
+        SimJob("llama-7b", tuple(nodes[0:8]), dp=4, pp=2, tp=8, iteration_s=0.5),
+        SimJob("gpt-1b3", tuple(nodes[8:16]), dp=8, pp=1, tp=8, iteration_s=0.3),
+        SimJob("bert-340m", tuple(nodes[16:18]), dp=2, pp=1, tp=8, iteration_s=0.25),
     ]
     faults = [
         Fault("node_loss", "node-05", at=12.0, peers_time_out=1.5),

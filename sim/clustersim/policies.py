@@ -16,7 +16,7 @@
 * :class:`Vigil`: the live :class:`vigil.streams.decisions.DecisionEngine` (Unicron
   escalation ladder, Falcon ski-rental mitigation, re-planning on node
   return) fed by the live detectors and correlator through the probes
-  (:mod:`vigil.producers.clustersim.probes`); its decisions are carried out by a
+  (:mod:`vigil.sim.clustersim.probes`); its decisions are carried out by a
   simulated actuator (:class:`SimActuator`) whose results (running, then
   succeeded or failed) go back to the engine, as the action results of the
   real actuators do. Re-planning is multi-job and WAF-optimal
@@ -39,13 +39,13 @@ from typing import Any
 import numpy as np
 
 from vigil.actuators.planners import (
-    JobSpec, consolidate_stragglers, place_best_fit, place_job, plan_workers, reroute_congested_link,
+    WafJob, consolidate_stragglers, place_best_fit, place_job, plan_workers, reroute_congested_link,
 )
-from vigil.producers.clustersim.engine import JobRun, Simulation
-from vigil.producers.clustersim.model import GPUS_PER_NODE, JobConfig, Topology, throughput_table
-from vigil.producers.clustersim.probes import FailSlowProbe, FailStopProbe
-from vigil.producers.clustersim.traces import FailStop
-from vigil.schemas import ActionResult, Alert, Decision, JobState, NodeState, Source, from_seconds
+from vigil.sim.clustersim.engine import JobRun, Simulation
+from vigil.sim.clustersim.model import JobConfig, Topology, throughput_table
+from vigil.sim.clustersim.probes import FailSlowProbe, FailStopProbe
+from vigil.sim.clustersim.traces import FailStop
+from vigil.schemas import GPUS_PER_NODE, ActionResult, Alert, Decision, JobState, NodeState, Source, from_seconds
 from vigil.streams.decisions import DEGRADATIONS, DecisionEngine
 from vigil.streams.escalation import Escalation
 from vigil.streams.incidents import Correlator
@@ -77,7 +77,7 @@ def _place(topology: Topology, free: list[str], size: int, pp: int, prefer: list
 def initial_placement(jobs: list[JobConfig], topology: Topology, d_running: float = 86400.0,
                       d_transition: float = 300.0) -> dict[str, list[list[str]]]:
     """The WAF-optimal sizes on the whole cluster (Unicron), placed topology-aware (Arnold), largest first."""
-    specs = [JobSpec(j.name, j.weight, j.minimum, throughput_table(j.model, j.size)) for j in jobs]
+    specs = [WafJob(j.name, j.weight, j.minimum, throughput_table(j.model, j.size)) for j in jobs]
     plan = plan_workers(specs, len(topology.nodes), d_running, d_transition)
     alloc = plan.allocation
     free = list(topology.nodes)
@@ -600,7 +600,7 @@ class Vigil:
             if name in fixed:
                 continue
             size = j.size if j.size <= j.cfg.size and (j.size == 0 or j.size >= j.cfg.minimum) else 0
-            specs.append(JobSpec(name, j.cfg.weight, j.cfg.minimum, j.table, current_workers=size,
+            specs.append(WafJob(name, j.cfg.weight, j.cfg.minimum, j.table, current_workers=size,
                                  failed=name == failed))
         plan = plan_workers(specs, available, self.d_running, sim.costs.transition_s)
         alloc = {name: sim.jobs[name].size for name in fixed}

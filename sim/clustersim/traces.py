@@ -28,7 +28,7 @@ job on the node at that moment):
 Events fall on nodes that are up at the time (a node under repair neither
 fails nor slows) while any is up; a preset keeps its exact counts, so once
 every node is down its remaining events land on nodes under repair and
-change nothing (:meth:`Trace.on_down_nodes` counts them). Presets
+change nothing (:meth:`FailureTrace.on_down_nodes` counts them). Presets
 (:data:`PRESETS`) are Unicron's traces on 128 GPUs (16 nodes) with exact
 counts — ``trace-a``: 8 weeks, 10 sev1 + 33 others; ``trace-b``: 20x the
 rate, 7 days, 26 sev1 + 80 others — plus fail-slows at the same per-node
@@ -48,7 +48,7 @@ from typing import Literal
 
 import numpy as np
 
-__all__ = ["FailStop", "FailSlow", "Trace", "PRESETS", "preset", "poisson_trace", "DAY"]
+__all__ = ["FailStop", "FailSlowFault", "FailureTrace", "PRESETS", "preset", "poisson_trace", "DAY"]
 
 DAY = 86400.0
 Cure = Literal["retry", "restart", "exclude"]
@@ -78,7 +78,7 @@ class FailStop:
 
 
 @dataclass(frozen=True)
-class FailSlow:
+class FailSlowFault:
     """One fail-slow: ``node``'s GPU ``gpu`` (computation) or link (communication) runs ``factor`` x slower."""
 
     t: float
@@ -95,13 +95,13 @@ class FailSlow:
 
 
 @dataclass(frozen=True)
-class Trace:
+class FailureTrace:
     name: str
     nodes: tuple[str, ...]
     duration_s: float
     seed: int
     fail_stops: tuple[FailStop, ...]
-    fail_slows: tuple[FailSlow, ...]
+    fail_slows: tuple[FailSlowFault, ...]
 
     def counts(self) -> dict[str, int]:
         c = {"sev1": 0, "sev2": 0, "sev3": 0, "fail_slow_computation": 0, "fail_slow_communication": 0}
@@ -117,7 +117,7 @@ class Trace:
 
         A fault on a node under repair changes nothing there (the first repair stands).
 
-        >>> t = Trace("x", ("n0",), 10 * DAY, 0, (FailStop(0.0, "n0", 1, "node_loss", "", "exclude", DAY),
+        >>> t = FailureTrace("x", ("n0",), 10 * DAY, 0, (FailStop(0.0, "n0", 1, "node_loss", "", "exclude", DAY),
         ...     FailStop(3600.0, "n0", 1, "xid", "79", "exclude", 5 * DAY)), ())
         >>> [(n, a, b / DAY) for n, a, b in t.outages()]
         [('n0', 0.0, 1.0)]
@@ -176,7 +176,7 @@ def _pick(rng: np.random.Generator, table: tuple[tuple[str, str, float], ...]) -
 
 
 def _build(name: str, nodes: list[str], duration_s: float, seed: int, n_sev1: int, n_others: int,
-           n_comp: int, n_comm: int) -> Trace:
+           n_comp: int, n_comm: int) -> FailureTrace:
     rng = np.random.default_rng(seed)
     # What happens, then when (uniform order statistics: a Poisson process given its count).
     what = ["sev1"] * n_sev1 + ["other"] * n_others + ["comp"] * n_comp + ["comm"] * n_comm
@@ -184,7 +184,7 @@ def _build(name: str, nodes: list[str], duration_s: float, seed: int, n_sev1: in
     order = rng.permutation(len(what))
     down_until = {n: -1.0 for n in nodes}
     stops: list[FailStop] = []
-    slows: list[FailSlow] = []
+    slows: list[FailSlowFault] = []
     for t, k in zip(times.tolist(), order.tolist()):
         kind = what[k]
         up = [n for n in nodes if down_until[n] < t]
@@ -203,15 +203,15 @@ def _build(name: str, nodes: list[str], duration_s: float, seed: int, n_sev1: in
                 fk, detail = _pick(rng, SEV3_KINDS)
                 stops.append(FailStop(t, node, 3, fk, detail, "retry" if rng.random() < 0.8 else "restart"))
         elif kind == "comp":
-            slows.append(FailSlow(t, node, "computation", _loguniform(rng, 1.2, 2.5), _loguniform(rng, 60, 1800),
+            slows.append(FailSlowFault(t, node, "computation", _loguniform(rng, 1.2, 2.5), _loguniform(rng, 60, 1800),
                                   gpu=int(rng.integers(8))))
         else:
-            slows.append(FailSlow(t, node, "communication", _loguniform(rng, 1.5, 8.0),
+            slows.append(FailSlowFault(t, node, "communication", _loguniform(rng, 1.5, 8.0),
                                   _loguniform(rng, 600, 4 * 3600), cnp_surge=True))
-    return Trace(name, tuple(nodes), float(duration_s), seed, tuple(stops), tuple(slows))
+    return FailureTrace(name, tuple(nodes), float(duration_s), seed, tuple(stops), tuple(slows))
 
 
-def preset(name: str, nodes: list[str], seed: int = 0) -> Trace:
+def preset(name: str, nodes: list[str], seed: int = 0) -> FailureTrace:
     """Preset ``name`` on ``nodes``: exact counts on 16 nodes, scaled with the node count otherwise.
 
     >>> t = preset("trace-a", [f"n{i}" for i in range(16)], seed=1)
@@ -227,7 +227,7 @@ def preset(name: str, nodes: list[str], seed: int = 0) -> Trace:
                   n(p.communication))
 
 
-def poisson_trace(base: str, nodes: list[str], days: float, seed: int = 0) -> Trace:
+def poisson_trace(base: str, nodes: list[str], days: float, seed: int = 0) -> FailureTrace:
     """A trace at the per-node rates of preset ``base`` over ``days``, with Poisson counts."""
     if base not in PRESETS:
         raise ValueError(f"unknown trace preset {base!r}; expected one of {sorted(PRESETS)}")

@@ -8,13 +8,13 @@ fail-slow, a placement change), so the simulator advances each job from
 event to event and computes its progress analytically: in a segment of
 ``dt`` seconds at ``t`` seconds per iteration the job does ``dt / t``
 iterations, i.e. ``flops_per_iteration * dt / t`` FLOPs. The iteration time
-comes from the model (:mod:`vigil.producers.clustersim.model`: per-node compute,
+comes from the model (:mod:`vigil.sim.clustersim.model`: per-node compute,
 all-reduce and pipeline traffic, fail-slow factors, mitigations, placement).
 The event queue is ordered by (time, sequence number), so a run is a pure
 function of its inputs and seed.
 
 Real detection and real decisions run only where they matter (see
-:mod:`vigil.producers.clustersim.probes` and :mod:`vigil.producers.clustersim.policies`):
+:mod:`vigil.sim.clustersim.probes` and :mod:`vigil.sim.clustersim.policies`):
 fail-stops go through the live detectors on a short window around them,
 fail-slows through BOCD + verification on windows of sampled iteration times
 around each change of a job's speed, and the vigil policy drives the live
@@ -50,10 +50,10 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from vigil.actuators.planners import placement_spread, rebalance_microbatches
-from vigil.producers.clustersim.model import (
+from vigil.sim.clustersim.model import (
     HardwareSpec, JobConfig, StepFactors, Topology, iteration_time, link_role, throughput_table,
 )
-from vigil.producers.clustersim.traces import FailSlow, FailStop, Trace
+from vigil.sim.clustersim.traces import FailSlowFault, FailStop, FailureTrace
 
 __all__ = ["T0", "Costs", "JobRun", "Simulation", "Policy"]
 
@@ -163,7 +163,7 @@ class JobRun:
 class Simulation:
     """One policy on one trace: the event loop, the cluster's state and the accounting."""
 
-    def __init__(self, jobs: list[JobConfig], topology: Topology, trace: Trace, policy: Policy,
+    def __init__(self, jobs: list[JobConfig], topology: Topology, trace: FailureTrace, policy: Policy,
                  costs: Costs = Costs(), hw: HardwareSpec = HardwareSpec(), seed: int = 0,
                  initial: dict[str, list[list[str]]] | None = None,
                  progress: Callable[[str], None] | None = None, log_limit: int = 50_000, t0: float = T0,
@@ -193,7 +193,7 @@ class Simulation:
         self.repair_at: dict[str, float] = {}
         self.jobs: dict[str, JobRun] = {j.name: JobRun(j, throughput_table(j.model, j.size, hw)) for j in jobs}
         self.slow_on: dict[str, list[int]] = {}  # node -> active fail-slow indices
-        self.slows: dict[int, tuple[FailSlow, str | None]] = {}  # index -> (fail-slow, link partner)
+        self.slows: dict[int, tuple[FailSlowFault, str | None]] = {}  # index -> (fail-slow, link partner)
         self.episode_jobs: dict[int, str] = {}  # fail-slow index -> the job it hit at its onset
         self.total_rate = 0.0
         self.series: list[tuple[float, float]] = [(0.0, 0.0)]
@@ -530,7 +530,7 @@ class Simulation:
         self.record("node_repaired", node=node)
         self.policy.on_node_up(self, node)
 
-    def _slow_start(self, idx: int, fs: FailSlow) -> None:
+    def _slow_start(self, idx: int, fs: FailSlowFault) -> None:
         if self.status[fs.node] == "down":
             return
         partner = None
@@ -583,7 +583,7 @@ class Simulation:
             self.accrue(job)
             job.rate_before_leaving = job.cfg.model.flops_per_iteration / job.healthy_iter_s
 
-    def active_slows(self, job: JobRun) -> list[tuple[FailSlow, str | None]]:
+    def active_slows(self, job: JobRun) -> list[tuple[FailSlowFault, str | None]]:
         return [self.slows[i] for n in job.nodes for i in self.slow_on.get(n, ())]
 
     def _refresh_nodes(self, nodes: list[str]) -> None:
@@ -603,7 +603,7 @@ class Simulation:
         for i, s in enumerate(self.trace.fail_slows):
             self.at(s.t, self._slow_start, i, s)
         if self.initial is None:
-            raise ValueError("an initial placement is needed (see vigil.producers.clustersim.initial_placement)")
+            raise ValueError("an initial placement is needed (see vigil.sim.clustersim.initial_placement)")
         for name, grid in self.initial.items():
             job = self.jobs[name]
             if grid:

@@ -50,14 +50,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["FailSlow", "Trace", "generate_trace", "generate_traces"]
+__all__ = ["InjectedFailSlow", "IterationTrace", "generate_trace", "generate_traces"]
 
 #: Earliest onset of an injected fail-slow (iterations), past any warm-up.
 MIN_ONSET = 200
 
 
 @dataclass(frozen=True)
-class FailSlow:
+class InjectedFailSlow:
     """Ground truth of one injected fail-slow.
 
     Indices are 0-based iteration numbers: ``onset`` is the first slowed
@@ -84,7 +84,7 @@ class FailSlow:
 
 
 @dataclass(frozen=True)
-class Trace:
+class IterationTrace:
     """One job's iteration times with its ground truth."""
 
     trace_id: int
@@ -96,7 +96,7 @@ class Trace:
     compute_fraction: float
     n_gpus: int
     jitter: float
-    fail_slows: tuple[FailSlow, ...]
+    fail_slows: tuple[InjectedFailSlow, ...]
     gc_iterations: np.ndarray = field(repr=False)
     checkpoint_iterations: np.ndarray = field(repr=False)
     spike_iterations: np.ndarray = field(repr=False)
@@ -115,7 +115,7 @@ def _loguniform(rng: np.random.Generator, lo: float, hi: float) -> float:
 
 
 def generate_trace(seed: int, *, faulty: bool | None = None, n_iterations: int | None = None,
-                   trace_id: int = 0) -> Trace:
+                   trace_id: int = 0) -> IterationTrace:
     """Generate one trace from ``seed``.
 
     ``faulty``: inject fail-slows (``None``: a fair coin). ``n_iterations``:
@@ -220,14 +220,14 @@ def generate_trace(seed: int, *, faulty: bool | None = None, n_iterations: int |
         on, rec = s["onset"], s["recovery"]
         step = float(step_factor[on] / step_factor[on - 1] - 1.0)
         rstep = math.nan if rec is None else float(1.0 - step_factor[rec] / step_factor[rec - 1])
-        fail_slows.append(FailSlow(
+        fail_slows.append(InjectedFailSlow(
             onset=on, recovery=rec, cause=s["cause"], location=s["location"],
             severity=float(s["severity"]), slowdown=float(s["slowdown"]), step=step,
             recovery_step=rstep, duration_s=float(s["duration_s"]),
             onset_time=float(timestamps[on]),
             recovery_time=None if rec is None else float(timestamps[rec]),
         ))
-    return Trace(
+    return IterationTrace(
         trace_id=trace_id, seed=seed, iteration_times=times, timestamps=timestamps, expected=expected,
         base_iteration_time=base, compute_fraction=phi, n_gpus=n_gpus, jitter=sigma,
         fail_slows=tuple(sorted(fail_slows, key=lambda f: f.onset)),
@@ -236,10 +236,10 @@ def generate_trace(seed: int, *, faulty: bool | None = None, n_iterations: int |
     )
 
 
-def generate_traces(n_traces: int = 500, seed: int = 0, clean_fraction: float = 0.5) -> list[Trace]:
+def generate_traces(n_traces: int = 500, seed: int = 0, clean_fraction: float = 0.5) -> list[IterationTrace]:
     """``n_traces`` traces, the first ``round(n_traces * clean_fraction)`` clean.
 
-    Trace ``k`` is :func:`generate_trace` with a seed derived from ``(seed, k)``,
+    IterationTrace ``k`` is :func:`generate_trace` with a seed derived from ``(seed, k)``,
     so any single trace can be regenerated on its own.
     """
     if n_traces < 1:

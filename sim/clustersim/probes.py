@@ -5,7 +5,7 @@ detection engine in minutes, and need not: between failures every event
 says "healthy". So the simulator runs the real code on bounded windows:
 
 * :class:`FailStopProbe` — at each fail-stop, a small
-  :class:`vigil.producers.simulator.ClusterSimulator` (the event generator of the
+  :class:`vigil.sim.simulator.ClusterSimulator` (the event generator of the
   demo) plays the failing job on the failing node and one peer, with the
   job's iteration time, for a warm-up window and then the fault, and its
   events go through a fresh :class:`vigil.streams.detection.DetectionEngine` into
@@ -17,7 +17,7 @@ says "healthy". So the simulator runs the real code on bounded windows:
 * :class:`FailSlowProbe` — one per job incarnation (a layout the job runs
   on): a fresh :class:`~vigil.streams.detection.DetectionEngine` fed columnar
   :class:`vigil.schemas.IterationStep` events sampled from the job's iteration-time
-  model (:func:`vigil.producers.clustersim.model.sample_iterations`, with jitter,
+  model (:func:`vigil.sim.clustersim.model.sample_iterations`, with jitter,
   data-dependent imbalance and spikes) in windows around each change of the
   job's speed — 64 iterations at the old level, then the new level until
   BOCD + verification raises or clears its finding (or a cap) — so the
@@ -36,10 +36,10 @@ from typing import Callable
 
 import numpy as np
 
-from vigil.producers.clustersim.model import GPUS_PER_NODE, HardwareSpec, ModelSpec, StepFactors, sample_iterations
-from vigil.producers.clustersim.traces import FailStop
-from vigil.producers.simulator import ClusterSimulator, Fault, JobSpec
-from vigil.schemas import Alert, Envelope, IterationStep, Source, from_seconds
+from vigil.sim.clustersim.model import HardwareSpec, ModelSpec, StepFactors, sample_iterations
+from vigil.sim.clustersim.traces import FailStop
+from vigil.sim.simulator import ClusterSimulator, Fault, SimJob
+from vigil.schemas import GPUS_PER_NODE, Alert, Envelope, IterationStep, Source, from_seconds
 from vigil.streams.detection import DetectionEngine
 from vigil.streams.incidents import Correlator
 from vigil.streams.pipeline import InProcessPipeline
@@ -79,7 +79,7 @@ class FailStopProbe:
         nodes = [fault.node] + peers
         it = max(0.05, float(iteration_s))
         warm = max(12.0, 8.0 * it)
-        spec = JobSpec(job, tuple(nodes), dp=len(nodes), pp=1, tp=GPUS_PER_NODE, iteration_s=it)
+        spec = SimJob(job, tuple(nodes), dp=len(nodes), pp=1, tp=GPUS_PER_NODE, iteration_s=it)
         rank = 0  # the failing node's first rank
         if fault.kind in ("node_loss", "xid"):
             f = Fault(fault.kind, fault.node, at=warm, code=int(fault.detail or 79))

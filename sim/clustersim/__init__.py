@@ -1,20 +1,19 @@
 """A discrete-event simulator of a GPU training cluster, for weeks of cluster time in minutes.
 
-- :mod:`~vigil.producers.clustersim.model`: nodes, minipods, jobs, the iteration-time and throughput model;
-- :mod:`~vigil.producers.clustersim.traces`: failure traces (fail-stops by severity, fail-slows), presets trace-a/trace-b;
-- :mod:`~vigil.producers.clustersim.engine`: the event loop on simulated time and the accounting (WAF, ETTR, fail-slow cost);
-- :mod:`~vigil.producers.clustersim.probes`: the live detectors and correlator, run on windows around each fault;
-- :mod:`~vigil.producers.clustersim.policies`: restart-only, per-job reconfiguration, and vigil (the live decision engine).
+- :mod:`~vigil.sim.clustersim.model`: nodes, minipods, jobs, the iteration-time and throughput model;
+- :mod:`~vigil.sim.clustersim.traces`: failure traces (fail-stops by severity, fail-slows), presets trace-a/trace-b;
+- :mod:`~vigil.sim.clustersim.engine`: the event loop on simulated time and the accounting (WAF, ETTR, fail-slow cost);
+- :mod:`~vigil.sim.clustersim.probes`: the live detectors and correlator, run on windows around each fault;
+- :mod:`~vigil.sim.clustersim.policies`: restart-only, per-job reconfiguration, and vigil (the live decision engine).
 
-It differs from :mod:`vigil.producers.simulator`, which plays a few minutes of a
+It differs from :mod:`vigil.sim.simulator`, which plays a few minutes of a
 cluster's telemetry event by event (the demo, the Kafka benchmarks); this
 one plays weeks segment by segment and uses that simulator as the event
-source of its fail-stop probes. Unlike the rest of ``producers/`` (which may
-import only ``schemas``), the probes and policies import ``streams`` and
-``actuators``: the point of the simulator is to run the live detection and
-decision code in process, and nothing else imports this package.
+source of its fail-stop probes. The probes and policies run the live
+detection and decision code in process, so this package sits on top of
+``streams`` and ``actuators``; nothing below it imports it.
 
->>> from vigil.producers.clustersim import scenario, simulate
+>>> from vigil.sim.clustersim import scenario, simulate
 >>> jobs, topo, trace = scenario("trace-a", gpus=128, seed=0)
 >>> len(jobs), len(topo.nodes), trace.counts()["sev1"]
 (6, 16, 10)
@@ -24,16 +23,17 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from vigil.producers.clustersim.engine import T0, Costs, Simulation
-from vigil.producers.clustersim.model import GPUS_PER_NODE, HardwareSpec, JobConfig, Topology, mixed_jobs, unicron_case5
-from vigil.producers.clustersim.policies import POLICIES, initial_placement
-from vigil.producers.clustersim.traces import PRESETS, Trace, poisson_trace, preset
+from vigil.sim.clustersim.engine import T0, Costs, Simulation
+from vigil.schemas import GPUS_PER_NODE
+from vigil.sim.clustersim.model import HardwareSpec, JobConfig, Topology, mixed_jobs, unicron_case5
+from vigil.sim.clustersim.policies import POLICIES, initial_placement
+from vigil.sim.clustersim.traces import PRESETS, FailureTrace, poisson_trace, preset
 
 __all__ = ["scenario", "simulate", "Costs", "Simulation", "T0", "POLICIES", "PRESETS"]
 
 
 def scenario(trace: str, gpus: int = 128, seed: int = 0, days: float | None = None,
-             minipod_nodes: int | None = None) -> tuple[list[JobConfig], Topology, Trace]:
+             minipod_nodes: int | None = None) -> tuple[list[JobConfig], Topology, FailureTrace]:
     """Jobs, topology and trace of a benchmark run.
 
     128 GPUs: Unicron's case 5 (six jobs) on 16 nodes in 2 minipods.
@@ -54,7 +54,7 @@ def scenario(trace: str, gpus: int = 128, seed: int = 0, days: float | None = No
     return jobs, topo, tr
 
 
-def simulate(policy: str, jobs: list[JobConfig], topology: Topology, trace: Trace, costs: Costs = Costs(),
+def simulate(policy: str, jobs: list[JobConfig], topology: Topology, trace: FailureTrace, costs: Costs = Costs(),
              seed: int = 0, initial: dict[str, list[list[str]]] | None = None,
              progress: Callable[[str], None] | None = None, hw: HardwareSpec = HardwareSpec(),
              t0: float = T0, tap: Callable[[float, list[Any]], None] | None = None,
@@ -63,7 +63,7 @@ def simulate(policy: str, jobs: list[JobConfig], topology: Topology, trace: Trac
 
     ``tap(sim_time, events)`` receives every event the run produces (the
     vigil policy's probe telemetry, alerts, decisions, action results, job
-    and node states), e.g. an :class:`~vigil.producers.clustersim.publish.AcceleratedPublisher`;
+    and node states), e.g. an :class:`~vigil.sim.clustersim.publish.AcceleratedPublisher`;
     ``t0`` is the absolute time of simulated time 0.
     """
     if policy not in POLICIES:

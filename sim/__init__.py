@@ -1,0 +1,11 @@
+"""Simulated clusters: telemetry generators, labelled traces, and weeks of cluster time.
+
+- :mod:`~vigil.sim.simulator`: minutes of a cluster's telemetry, event by event (the demo, the Kafka benchmarks);
+- :mod:`~vigil.sim.traces`: labelled iteration-time traces for the change-point benchmark;
+- :mod:`~vigil.sim.rank_traces`: per-rank step records with a known straggler, for the localizer;
+- :mod:`~vigil.sim.clustersim`: weeks of a whole cluster under each recovery policy.
+
+The simulator sits on top of every other layer: it runs the live detectors,
+correlator and decision engine in process, and its actuator is a backend
+behind the real executor.
+"""
