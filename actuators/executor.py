@@ -64,7 +64,7 @@ class Executor:
     safety : Safety, optional
         Circuit breaker, no-progress guard, rate limit (defaults: :class:`~vigil.actuators.safety.SafetyLimits`).
     dry_run : bool
-        LedgerRecord what would run, run nothing; results say ``dry run: ...`` with backend ``dry-run:<name>``.
+        Record what would run, run nothing; results say ``dry run: ...`` with backend ``dry-run:<name>``.
     source : Source, optional
         Who reports (cluster, node of this actuator); part of every result's identity.
     max_age_s : float or None

@@ -212,7 +212,7 @@ class Ledger:
     # -- writing --------------------------------------------------------------------------------------
 
     def begin(self, decision: Decision, backend: str, now: float) -> tuple[LedgerRecord, bool]:
-        """LedgerRecord ``decision`` as ``pending``; ``(row, True)``, or ``(the recorded row, False)`` if it is known."""
+        """Record ``decision`` as ``pending``; ``(row, True)``, or ``(the recorded row, False)`` if it is known."""
         target = decision.target
         with self._lock:
             try:
@@ -290,7 +290,7 @@ class Ledger:
     @staticmethod
     def request_reset(path: str | os.PathLike, *, at: float, kind: str = "circuit", job: str | None = None,
                       who: str = "") -> int:
-        """LedgerRecord a human reset in the ledger at ``path`` (works while an actuator owns it); returns its id.
+        """Record a human reset in the ledger at ``path`` (works while an actuator owns it); returns its id.
 
         ``kind="circuit"`` closes the blast-radius circuit breaker and forgets the
         drains of its window; ``kind="job"`` lifts the no-progress guard of ``job``.

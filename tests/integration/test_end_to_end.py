@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 
-import pytest
 
 from vigil.producers.publisher import Publisher
 from vigil.sim.simulator import ClusterSimulator, Fault, SimJob

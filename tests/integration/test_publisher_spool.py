@@ -14,7 +14,6 @@ from collections import Counter
 
 import pytest
 
-import vigil.broker
 from vigil.producers.publisher import Publisher
 from vigil.schemas import Heartbeat, Source, decode
 from vigil.schemas.envelope import utcnow

@@ -8,7 +8,6 @@ import threading
 import time
 from datetime import datetime, timezone
 
-import pytest
 
 from vigil.producers.agent import Agent, Collector, HeartbeatCollector, ProcessSupervisor
 from vigil.producers.agent.process import PidWatcher

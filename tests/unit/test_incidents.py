@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vigil.schemas import DetectorFinding, Source, Subject, from_seconds
+from vigil.schemas import DetectorFinding, Subject
 from vigil.streams.detection import DetectionEngine
 from vigil.streams.incidents import MAX_EVIDENCE, Correlator, explains
 

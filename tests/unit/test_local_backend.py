@@ -21,7 +21,7 @@ from vigil.actuators.state import ActionState
 from vigil.producers.agent import ProcessSupervisor
 from vigil.producers.training import CallbackSink, TrainingMonitor, control_path
 from vigil.schemas import Decision, ProcessExit, Source, Subject
-from vigil.actuate import SupervisorControl
+from vigil.services.actuator import SupervisorControl
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
 

@@ -476,7 +476,7 @@ def measure_agent_cpu(bootstrap: str, topic_prefix: str, seconds: float, workdir
     kmsg.write_text("")
     log = workdir / "train.log"
     log.write_text("step 0\n")
-    code = ("import typer, sys; from vigil.agent_cli import agent; app = typer.Typer(add_completion=False); "
+    code = ("import typer, sys; from vigil.cli.agent import agent; app = typer.Typer(add_completion=False); "
             "app.command()(agent); app(sys.argv[1:])")
     env = dict(os.environ, VIGIL_KAFKA_BOOTSTRAP=bootstrap, VIGIL_TOPIC_PREFIX=topic_prefix, VIGIL_STATE_DIR=str(workdir / "state"))
     args = ["--node", "bench-node", "--nic-root", str(nic), "--kmsg", str(kmsg), "--disk", str(workdir),

@@ -1,16 +1,8 @@
-"""Typer command functions for ``vigil agent`` and ``vigil bench hooks``.
-
-They are not attached to an app here; ``vigil/cli.py`` registers them::
-
-    from vigil.agent_cli import agent, bench_hooks
-    app.command("agent")(agent)
-    bench_app.command("hooks")(bench_hooks)
-"""
+"""``vigil agent``: the node agent and launcher."""
 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import threading
@@ -18,6 +10,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+from vigil.cli.common import app
 
 
 def _parse_log(spec: str) -> tuple[str, float]:
@@ -30,6 +24,7 @@ def _parse_log(spec: str) -> tuple[str, float]:
         raise typer.BadParameter(f"--log-stale expects PATH:SECONDS, got {spec!r}") from None
 
 
+@app.command()
 def agent(
     command: Optional[List[str]] = typer.Argument(
         None, help="Training command to launch and supervise, after `--` (e.g. `-- python train.py --lr 1e-4`)."),
@@ -112,7 +107,7 @@ def agent(
     from vigil.producers.training import NodeBatcher
     from vigil.schemas import Source
     from vigil.broker import StackError
-    from vigil.cliutil import settings_and_logging
+    from vigil.cli.common import settings_and_logging
     from vigil.stack import resolve_bootstrap
 
     settings = settings_and_logging(log_level, logging.WARNING)
@@ -165,7 +160,7 @@ def agent(
     if actuate:
         from vigil.actuators.errors import ActuatorError
         from vigil.actuators.safety import SafetyLimits
-        from vigil.actuate import ActuatedSupervisor, AgentActuator
+        from vigil.services.actuator import ActuatedSupervisor, AgentActuator
 
         def give_up(reason: str) -> None:
             typer.echo(f"vigil agent: {reason}; stopping", err=True)
@@ -209,59 +204,3 @@ def agent(
         typer.echo(f"vigil agent: exiting because {actuator.gave_up}", err=True)
         code = code or 1
     raise typer.Exit(code)
-
-
-def bench_hooks(
-    json_path: Path = typer.Option(Path("bench/results/hooks.json"), "--json", help="Where to write the results."),
-    steps: int = typer.Option(1600, min=100, help="Short-step training steps of the A/B (hooks alternate on/off)."),
-    block: int = typer.Option(20, min=5, help="Steps per on/off block."),
-    acf_steps: int = typer.Option(400, min=50, help="Further steps with hooks on, for the ACF iteration-time check."),
-    world: int = typer.Option(4, min=2, help="Ranks (processes), an even number (dp x tp=2 grid)."),
-    real_steps: int = typer.Option(300, min=20, help="Steps of the A/B on a realistic (~170 ms) step."),
-    real_block: int = typer.Option(6, min=2, help="Steps per on/off block of the realistic step."),
-    real_hidden: int = typer.Option(512, min=8, help="Hidden size of the realistic step's model."),
-    real_batch: int = typer.Option(768, min=8, help="Batch size of the realistic step."),
-    seed: int = typer.Option(0, help="Seed of the bootstrap confidence intervals."),
-    agent_seconds: float = typer.Option(20.0, min=2.0, help="How long to run the agent for its CPU figure."),
-) -> None:
-    """Measure the training hooks' overhead on a real multi-process torch step, the ACF error, and the agent's CPU.
-
-    Runs WORLD gloo ranks on CPU training a small MLP (two tensor-parallel and
-    one data-parallel all-reduce per step) and alternates blocks of steps with
-    and without the hooks in the same run (the end-to-end A/B). The reported
-    overhead is the hooks' extra CPU time per step (the step's thread and the
-    hooks' own), over the step's wall time, median over block pairs with a
-    bootstrap 95% interval (target <= 1%); CPU time, unlike wall time, does
-    not jitter with the other processes on the cores. The same A/B runs on a
-    realistic ~170 ms step. Then the iteration time found by ACF
-    on the published collective calls is compared with the measured one
-    (target <= 2%), and the node agent runs at its default intervals to
-    measure its CPU share of one core. Starts its own embedded broker unless
-    VIGIL_KAFKA_BOOTSTRAP is set. Writes JSON {overhead_pct, acf_rel_error,
-    agent_cpu_pct, detail} and prints a table.
-    """
-    from rich.console import Console
-    from rich.table import Table
-
-    from vigil.bench.hooks import run
-
-    if world % 2:
-        raise typer.BadParameter("--world must be even")
-    console = Console()
-    with console.status("benchmarking the hooks...") as status:
-        result = run(str(json_path), steps=steps, block=block, acf_steps=acf_steps, world=world,
-                     real_steps=real_steps, real_block=real_block, real_hidden=real_hidden, real_batch=real_batch,
-                     seed=seed, agent_seconds=agent_seconds,
-                     bootstrap=os.environ.get("VIGIL_KAFKA_BOOTSTRAP") or None,
-                     progress=lambda what: status.update(what))
-    d = result["detail"]
-    table = Table("measure", "value", "target")
-    table.add_row(f"hook overhead ({d.get('overhead_source', '?')})", f"{result['overhead_pct']:.2f} %", "<= 1 %")
-    table.add_row("  isolated hot-path cost per step", f"{d['hook_cost_us_per_step']:.1f} us of {d['step_ms_off_median']:.2f} ms", "")
-    table.add_row("  A/B end to end (noise)", f"{d['ab_overhead_pct']:+.2f} % (pairs sd {d['ab_pair_spread_pct']:.1f} %)", "")
-    acf = result["acf_rel_error"]
-    table.add_row("ACF iteration-time error", "-" if acf is None else f"{100 * acf:.2f} %", "<= 2 %")
-    cpu = result["agent_cpu_pct"]
-    table.add_row("agent CPU (one core)", "-" if cpu is None else f"{cpu:.2f} %", "")
-    console.print(table)
-    console.print(f"written to {json_path}")

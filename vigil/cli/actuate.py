@@ -1,0 +1,171 @@
+"""``vigil actuate``: carry out decisions with a Slurm, Kubernetes or local backend."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from vigil.actuators.backends import ControlDirProcesses, KubernetesBackend, LocalBackend, SlurmBackend
+from vigil.actuators.errors import ActuatorError
+from vigil.actuators.executor import Executor
+from vigil.cli.common import app
+from vigil.schemas.envelope import to_seconds, utcnow
+from vigil.services.actuator import ActuatorService
+
+_HELP = """Carry out decisions: consume <prefix>.decisions, act, publish results to <prefix>.actions.
+
+\b
+How it acts (--backend):
+  slurm       restart: scontrol requeue JOB
+              isolate_node: scontrol update nodename=N state=drain reason=..
+              reconfigure: drain the excluded nodes, then requeue (with
+              --slurm-resubmit-script: sbatch --dependency=afterany:JOB,
+              then scancel JOB)
+  kubernetes  isolate_node: kubectl cordon N
+              restart: kubectl delete pod -l LABEL=JOB
+              reconfigure: cordon, delete the pods there, kubectl scale
+  local       retry_in_place through the ranks' control sockets here
+              (restarts need `vigil agent --actuate -- CMD`)
+
+\b
+Safety:
+  * targets must be known: --node, --job, --inventory FILE, plus what
+    the state.jobs / state.nodes topics say; others are refused
+  * commands are argv lists of validated names, never a shell string
+  * each decision acts at most once: the --ledger (SQLite) records every
+    decision id and idempotency key; a redelivered decision re-publishes
+    its recorded result; an action cut short by a crash is reported
+    failed, never re-run
+  * blast radius: at most --max-drained-nodes nodes and
+    --max-drained-fraction of the known cluster per --drain-window;
+    beyond: refuse, raise a sev1 actuator_circuit_open alert, and take
+    no action until a human runs `vigil actuate --reset-circuit`
+  * no progress: after --max-restarts-without-progress restarts of a
+    job without a new training step, stop restarting it (--reset-job)
+  * --rate-limit actions per job per --rate-window; decisions older
+    than --max-decision-age are refused as stale
+  * --dry-run: say what would run ("dry run: ..."), run nothing
+
+\b
+Examples:
+  vigil actuate --backend slurm --inventory cluster.json --dry-run
+  vigil actuate --backend kubernetes --k8s-namespace train --node gpu-01
+  vigil actuate --reset-circuit     # a human looked: act again
+"""
+
+
+def _ledger_default(state_dir: Path) -> Path:
+    return state_dir / "actuator-ledger.sqlite"
+
+
+@app.command(help=_HELP)
+def actuate(
+    backend: str = typer.Option("slurm", "--backend", help="How to act: slurm, kubernetes or local."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Record what would run; run nothing (results say 'dry run: ...')."),
+    ledger: Optional[Path] = typer.Option(None, "--ledger", help="The actuator's ledger (default: <state dir>/actuator-ledger.sqlite)."),
+    node: Optional[List[str]] = typer.Option(None, "--node", help="A node the actuator may act on (repeatable)."),
+    job: Optional[List[str]] = typer.Option(None, "--job", help="A job the actuator may act on (repeatable)."),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help='JSON file with "nodes" (a list of names) and "jobs" (a list, or an object: job -> its nodes).'),
+    filter_job: Optional[List[str]] = typer.Option(None, "--filter-job", help="Act only on decisions for this job (repeatable)."),
+    max_drained_nodes: int = typer.Option(4, min=1, help="Circuit breaker: most nodes isolated per window."),
+    max_drained_fraction: float = typer.Option(0.10, min=0.0, max=1.0, help="Circuit breaker: most fraction of the known cluster isolated per window (one node may always go)."),
+    drain_window: float = typer.Option(3600.0, min=1.0, help="Circuit breaker window, seconds."),
+    max_restarts_without_progress: int = typer.Option(3, min=1, help="No-progress guard: restarts of a job with no new training step before it stops restarting."),
+    rate_limit: int = typer.Option(6, min=1, help="Most actions per job per --rate-window."),
+    rate_window: float = typer.Option(600.0, min=1.0, help="Rate-limit window, seconds."),
+    max_decision_age: float = typer.Option(600.0, min=0.0, help="Refuse decisions older than this many seconds (0: no limit)."),
+    command_timeout: float = typer.Option(60.0, min=0.1, help="A backend command that runs longer is killed: timed_out."),
+    slurm_resubmit_script: Optional[Path] = typer.Option(None, help="Slurm: reconfigure resubmits this batch script (sbatch --dependency=afterany) instead of requeueing."),
+    k8s_namespace: str = typer.Option("default", help="Kubernetes namespace of the training pods."),
+    k8s_job_label: str = typer.Option("job-name", help="Kubernetes pod label whose value is the job id."),
+    k8s_kind: str = typer.Option("statefulset", help="Kubernetes kind that `kubectl scale` resizes for reconfigure."),
+    control_dir: Optional[Path] = typer.Option(None, help="Local: directory of the ranks' control sockets (VIGIL_CONTROL_DIR)."),
+    group_id: Optional[str] = typer.Option(None, help="Consumer group (default: <prefix>-actuator)."),
+    cluster: str = typer.Option("default", help="Cluster name in the results."),
+    reset_circuit: bool = typer.Option(False, "--reset-circuit", help="Close the circuit breaker in --ledger (a running actuator picks it up) and exit."),
+    reset_job: Optional[List[str]] = typer.Option(None, "--reset-job", help="Lift the no-progress guard of this job in --ledger and exit (repeatable)."),
+    ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
+    log_level: str = typer.Option("INFO", help="Python log level."),
+) -> None:
+    from vigil.actuators.inventory import Inventory
+    from vigil.actuators.ledger import Ledger
+    from vigil.actuators.safety import Safety, SafetyLimits
+    from vigil.schemas import Source
+    from vigil.broker import StackError
+    from vigil.cli.common import settings_and_logging
+    from vigil.stack import resolve_bootstrap
+
+    settings = settings_and_logging(log_level, logging.INFO)
+    ledger_path = ledger or _ledger_default(settings.state_dir)
+    who = f"{os.environ.get('USER', '?')}@{socket.gethostname()}"
+    if reset_circuit or reset_job:
+        try:
+            if reset_circuit:
+                Ledger.request_reset(ledger_path, at=to_seconds(utcnow()), kind="circuit", who=who)
+                typer.echo(f"circuit breaker reset in {ledger_path}")
+            for j in reset_job or []:
+                Ledger.request_reset(ledger_path, at=to_seconds(utcnow()), kind="job", job=j, who=who)
+                typer.echo(f"no-progress guard of job {j} reset in {ledger_path}")
+        except ActuatorError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(1) from None
+        raise typer.Exit(0)
+    if backend not in ("slurm", "kubernetes", "local"):
+        raise typer.BadParameter(f"--backend must be slurm, kubernetes or local, got {backend!r}")
+    try:
+        inv = Inventory.load(inventory, node or [], job or []) if inventory else Inventory(node or [], job or [])
+        limits = SafetyLimits(max_drained_nodes=max_drained_nodes, max_drained_fraction=max_drained_fraction,
+                              drain_window_s=drain_window, max_restarts_without_progress=max_restarts_without_progress,
+                              rate_limit=rate_limit, rate_window_s=rate_window)
+        if backend == "slurm":
+            be: Any = SlurmBackend(command_timeout, resubmit_script=slurm_resubmit_script)
+        elif backend == "kubernetes":
+            be = KubernetesBackend(command_timeout, namespace=k8s_namespace, job_label=k8s_job_label, kind=k8s_kind)
+        else:
+            be = LocalBackend(ControlDirProcesses(control_dir), control_dir, command_timeout_s=min(command_timeout, 30.0))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    try:
+        bootstrap = resolve_bootstrap(settings)
+    except StackError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        book = Ledger(ledger_path, now=to_seconds(utcnow()))
+    except ActuatorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    executor = Executor(be, book, inv, Safety(limits), dry_run=dry_run, source=Source(cluster=cluster, node=socket.gethostname()),
+                        max_age_s=max_decision_age or None, clock=utcnow)
+    service = ActuatorService(executor, {"bootstrap.servers": bootstrap, **settings.kafka_security()},
+                              settings.topic_prefix, group_id=group_id or f"{settings.topic_prefix}-actuator",
+                              filter_jobs=filter_job, ready_file=ready_file,
+                              session_timeout_s=settings.session_timeout_s,
+                              heartbeat_interval_s=settings.heartbeat_interval_s)
+    stop = threading.Event()
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    typer.echo(f"vigil actuate: backend {executor.backend_label}, ledger {ledger_path} ({book.count()} decisions), "
+               f"{inv}, broker {bootstrap}", err=True)
+    if executor.safety.circuit_open:
+        typer.echo(f"warning: the circuit breaker is open ({executor.safety.circuit_reason}); "
+                   "no machine action until `vigil actuate --reset-circuit`", err=True)
+    code = 0
+    try:
+        service.run(stop)
+    except Exception as exc:
+        typer.echo(f"error: actuator stopped: {exc}", err=True)
+        code = 1
+    finally:
+        service.close()
+        book.close()
+    raise typer.Exit(code)
+

@@ -1,0 +1,326 @@
+"""The stack's commands: up, worker, demo, sql, tail, schemas, migrate, replay, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from vigil.cli.common import app, console, err_console, fail, load_settings, schemas_app, tail_app, \
+    terminate_on_sigterm
+
+@app.command()
+def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (default: a free one).")) -> None:
+    """Run the embedded stack in the foreground: tansu broker, topics, ClickHouse history and its sink.
+
+    Other vigil commands find it through the state directory
+    (VIGIL_STATE_DIR, default ./.vigil). Stop it with Ctrl-C or SIGTERM;
+    it stops everything it started.
+    """
+    from vigil.broker import StackError
+    from vigil.stack import EmbeddedStack
+
+    settings = load_settings()
+    terminate_on_sigterm()
+    stack = EmbeddedStack(settings, port=port)
+    try:
+        stack.start()
+    except (StackError, KeyboardInterrupt) as exc:
+        fail(str(exc) or "interrupted")
+    try:
+        console.print(f"[green]vigil stack up[/green] (pid {os.getpid()})")
+        console.print(f"  broker      {stack.bootstrap}   (export VIGIL_KAFKA_BOOTSTRAP={stack.bootstrap} for other tools)")
+        console.print(f"  history     {settings.resolved_clickhouse_dsn}  (database {settings.clickhouse_database})")
+        console.print(f"  topics      {settings.topic_prefix}.*")
+        console.print("  next        vigil worker  |  vigil tail alerts  |  vigil sql \"SELECT ...\"")
+        console.print("Ctrl-C to stop.")
+        while not (problem := stack.failure()):
+            time.sleep(0.5)
+        err_console.print(f"[red]error:[/red] {problem}; stopping the stack")
+        code = 1
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        stack.stop()
+        console.print("stack stopped")
+    raise typer.Exit(code)
+
+
+@app.command()
+def worker(
+    ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
+    log_level: str = typer.Option("WARNING", help="faust log level."),
+) -> None:
+    """Run a detection worker (faust): heartbeat loss and hang detection, alerts to <prefix>.alerts.
+
+    Several workers share the topics' partitions in one consumer group
+    (VIGIL_GROUP_ID).
+    """
+    from vigil.broker import StackError
+    from vigil.stack import resolve_bootstrap, stream_config
+    from vigil.streams.worker import run_worker
+
+    settings = load_settings()
+    try:
+        bootstrap = resolve_bootstrap(settings)
+    except StackError as exc:
+        fail(str(exc))
+    run_worker(stream_config(settings, bootstrap), ready_file=ready_file, loglevel=log_level)
+
+
+@app.command()
+def demo(
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the scoreboard as JSON here."),
+    workers: int = typer.Option(1, min=1, max=4, help="Detection worker processes."),
+    seed: int = typer.Option(0, help="Seed of the simulated cluster's jitter."),
+) -> None:
+    """Simulate a cluster that loses nodes and hangs a job; show what vigil detects, and how fast.
+
+    Starts the embedded stack and detection workers, plays a scripted scenario
+    (~30 s), prints a scoreboard of every injected fault with its detection
+    latency, then reads the alerts back from ClickHouse with SQL.
+    """
+    from vigil.demo import run_demo
+
+    settings = load_settings()
+    terminate_on_sigterm()
+    code = run_demo(settings, console, json_path=json_path, n_workers=workers, seed=seed)
+    raise typer.Exit(code)
+
+
+@app.command()
+def sql(
+    query: str = typer.Argument(..., help="SQL, e.g. \"SELECT kind, count() FROM vigil.alerts GROUP BY kind\"."),
+    fmt: str = typer.Option("table", "--format", help="table, json or tsv."),
+) -> None:
+    """Run SQL against the history (through the running stack when it owns the chDB directory).
+
+    Tables live in the database VIGIL_CLICKHOUSE_DATABASE (default vigil):
+    alerts, heartbeats, iterations, xid_errors, nic_counters, gpu_telemetry,
+    process_exits, training_exceptions, job_states, node_states, decisions,
+    actions, dead_letters.
+    """
+    from vigil.streams.history import HistoryError
+    from vigil.stack import open_history
+
+    settings = load_settings()
+    try:
+        history = open_history(settings)
+        result = history.query(query)
+    except HistoryError as exc:
+        _query_error(query, str(exc))
+    if fmt == "json":
+        from vigil.stack import _jsonable
+
+        for row in result.rows:
+            print(json.dumps(dict(zip(result.columns, _jsonable(list(row))))))
+    elif fmt == "tsv":
+        print("\t".join(result.columns))
+        for row in result.rows:
+            print("\t".join("" if v is None else str(v) for v in row))
+    elif fmt == "table":
+        table = Table(*result.columns, show_lines=False)
+        for row in result.rows:
+            table.add_row(*("" if v is None else str(v) for v in row))
+        console.print(table)
+        console.print(f"{len(result.rows)} row(s)")
+    else:
+        fail(f"unknown --format {fmt!r}: use table, json or tsv", 2)
+
+
+def _query_error(query: str, message: str) -> None:
+    """ClickHouse's message, and the query with a caret under the position it names; exit 1."""
+    import re
+
+    from rich.markup import escape
+
+    err_console.print(f"[red]error:[/red] {escape(message)}")
+    where = re.search(r"\(line (\d+), col (\d+)\)", message)
+    lines = query.splitlines() or [query]
+    if where and 1 <= int(where.group(1)) <= len(lines):
+        line, col = int(where.group(1)), int(where.group(2))
+        err_console.print(escape(lines[line - 1]), highlight=False)
+        err_console.print(" " * (col - 1) + f"[red]^[/red] line {line}, column {col}", highlight=False)
+    raise typer.Exit(1)
+
+
+@tail_app.command("alerts")
+def tail_alerts(
+    severity: Optional[int] = typer.Option(None, min=1, max=3, help="Only this severity or worse (1 is worst)."),
+    job: Optional[str] = typer.Option(None, help="Only alerts about this job."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON alert per line."),
+    from_beginning: bool = typer.Option(False, help="Replay the topic from its start first."),
+    max_alerts: Optional[int] = typer.Option(None, help="Exit after this many alerts."),
+) -> None:
+    """Follow the alert topic live (Ctrl-C to stop)."""
+    from vigil.broker import StackError
+    from vigil.stack import resolve_bootstrap, stream_config
+    from vigil.schemas import Alert, decode
+    from vigil.streams.kafka import reader
+
+    settings = load_settings()
+    try:
+        config = stream_config(settings, resolve_bootstrap(settings))
+        consumer = reader(config.kafka_conf(), [config.topic("alert")], from_beginning=from_beginning)
+    except (StackError, Exception) as exc:
+        fail(str(exc))
+    terminate_on_sigterm()
+    shown = 0
+    try:
+        while max_alerts is None or shown < max_alerts:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error():
+                continue
+            for alert in decode(msg.value()).events:
+                if not isinstance(alert, Alert):
+                    continue
+                if severity is not None and alert.severity > severity:
+                    continue
+                if job is not None and alert.subject.job != job:
+                    continue
+                shown += 1
+                if as_json:
+                    print(alert.model_dump_json(), flush=True)
+                else:
+                    console.print(format_alert(alert))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        consumer.close()
+
+
+def format_alert(alert: "object") -> str:
+    from vigil.schemas import Alert
+
+    assert isinstance(alert, Alert)
+    colour = {1: "red", 2: "yellow", 3: "cyan"}[alert.severity]
+    subject = " ".join(f"{k}={v}" for k, v in alert.subject.model_dump(exclude_none=True).items())
+    return (f"[{colour}]sev{alert.severity}[/{colour}] {alert.status:<8} {alert.kind:<12} {subject:<24} "
+            f"onset {alert.onset_time:%H:%M:%S.%f}"[:-3] + f"  {alert.summary}")
+
+
+@schemas_app.command("export")
+def schemas_export(directory: Path = typer.Argument(..., help="Folder to write <event_type>.json files into.")) -> None:
+    """Write the JSON Schema of every event type (what subscribers validate against)."""
+    from vigil.schemas.export import export_json_schemas
+
+    written = export_json_schemas(directory)
+    console.print(f"wrote {len(written)} schemas to {directory}")
+
+
+@app.command()
+def migrate() -> None:
+    """Create or upgrade the history database, tables, rollups and views (idempotent; `vigil up` does it too).
+
+    Keeps every stored row: new columns are added, a table whose layout changed
+    is copied into the new layout and swapped in atomically, rollups are
+    backfilled from the stored events. Raw telemetry is kept
+    VIGIL_TELEMETRY_TTL_DAYS days (0 = forever; per table:
+    VIGIL_TELEMETRY_TTL_OVERRIDES='{"gpu_telemetry": 7}').
+    """
+    from vigil.streams.history import HistoryError, HistoryStore
+
+    settings = load_settings()
+    try:
+        store = HistoryStore(settings.resolved_clickhouse_dsn, settings.clickhouse_database)
+        done = store.migrate(settings.telemetry_ttl_days, settings.telemetry_ttl_overrides)
+    except HistoryError as exc:
+        fail(str(exc))
+    for line in done:
+        console.print(f"  {line}")
+    console.print(f"history tables ready in {settings.resolved_clickhouse_dsn} ({settings.clickhouse_database})"
+                  + ("" if done else ": nothing to change"))
+
+
+def _parse_time(value: Optional[str], flag: str):
+    from datetime import datetime, timezone
+
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        fail(f"{flag} {value!r} is not a date-time: use ISO 8601, e.g. 2026-03-01 or 2026-03-01T12:00:00Z", 2)
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+@app.command()
+def replay(
+    since: Optional[str] = typer.Option(None, "--from", help="First log time to replay (ISO 8601, UTC if no zone)."),
+    until: Optional[str] = typer.Option(None, "--to", help="Last log time to replay (ISO 8601, UTC if no zone)."),
+    database: Optional[str] = typer.Option(None, help="Database to rebuild into (default VIGIL_CLICKHOUSE_DATABASE)."),
+) -> None:
+    """Rebuild the history from the Kafka log: every topic's messages published in [--from, --to].
+
+    Same tables, rollups and dead letters as the live sink; events already
+    stored are skipped by id, so replaying twice, or into a database the sink
+    fills, adds no duplicate. Give --database to rebuild side by side (e.g.
+    after changing a rollup) and compare. Needs the chDB directory to itself:
+    stop `vigil up` first, or use a ClickHouse server (VIGIL_CLICKHOUSE_DSN).
+    """
+    from vigil.broker import StackError
+    from vigil.stack import resolve_bootstrap, stream_config
+    from vigil.streams.history import HistoryError, HistoryStore
+    from vigil.streams.replay import replay as run_replay
+
+    settings = load_settings()
+    t0, t1 = _parse_time(since, "--from"), _parse_time(until, "--to")
+    try:
+        config = stream_config(settings, resolve_bootstrap(settings))
+        store = HistoryStore(settings.resolved_clickhouse_dsn, database or settings.clickhouse_database)
+        store.migrate(settings.telemetry_ttl_days, settings.telemetry_ttl_overrides)
+    except (StackError, HistoryError) as exc:
+        fail(str(exc))
+    terminate_on_sigterm()
+    with console.status("replaying...") as status:
+        result = run_replay(config, store, t0, t1,
+                            progress=lambda st: status.update(f"replaying: {st.messages:,} messages, "
+                                                              f"{st.stored:,} stored..."))
+    st = result.stats
+    console.print(f"replayed {st.messages:,} messages from {result.partitions} partitions in {result.seconds:.1f} s: "
+                  f"{st.stored} stored, {st.duplicates} already stored, {st.dead_letters} dead letters "
+                  f"(database {store.database})")
+    store.close()
+
+
+@app.command()
+def report(
+    since: str = typer.Option("7d", help="Window start: 7d, 12h, 30m ago, or an ISO 8601 time (UTC if no zone)."),
+    until: Optional[str] = typer.Option(None, help="Window end (default now), same forms."),
+    job: Optional[str] = typer.Option(None, help="Only this job (its ETTR, iterations and incidents)."),
+    html_path: Optional[Path] = typer.Option(None, "--html", help="Also write an HTML report with plots here."),
+) -> None:
+    """The failure history as tables: incidents by domain, ETTR, MTTF, MTTR, detection latency, lemon nodes.
+
+    With --html, also a self-contained page with plots: iteration time per
+    job with change points and incidents marked, incidents on a timeline,
+    ETTR per job and the lemon-node ranking.
+    """
+    from datetime import datetime, timezone
+
+    from vigil.streams.history import HistoryError
+    from vigil.report import collect, parse_when, print_report, render_html
+    from vigil.stack import open_history
+
+    settings = load_settings()
+    now = datetime.now(timezone.utc)
+    try:
+        t0, t1 = parse_when(since, now), parse_when(until, now) or now
+    except ValueError as exc:
+        fail(f"bad time: {exc}", 2)
+    try:
+        history = open_history(settings)
+        rep = collect(history, settings.clickhouse_database, t0, t1, job)
+    except HistoryError as exc:
+        fail(str(exc))
+    print_report(rep, console)
+    if html_path is not None:
+        html_path.write_text(render_html(rep))
+        console.print(f"HTML report written to {html_path}")
+
+
