@@ -36,6 +36,7 @@ chromium:
 	  else echo "chromium missing and not installable here (needs root and apt-get): the report render test will be skipped"; fi; }
 
 test: $(STAMP) chromium
+	$(BIN)/python tools/lint_layers.py
 	$(BIN)/python -m pytest -q
 
 clean:

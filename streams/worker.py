@@ -26,12 +26,12 @@ from vigil.detectors import DetectorError
 from vigil.schemas import TOPICS, ActionResult, Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, \
     encode, message_key
 from vigil.streams.config import StreamConfig
-from vigil.streams.decisions import DecisionEngine
-from vigil.streams.detection import DetectionEngine, EngineParams
-from vigil.streams.escalation import Escalation
-from vigil.streams.planning import replan
+from vigil.streams.engine.decisions import DecisionEngine
+from vigil.streams.engine.detection import DetectionEngine, EngineParams
+from vigil.streams.engine.escalation import Escalation
+from vigil.streams.engine.planning import replan
 from vigil.streams.faustapp import VigilApp, create_app
-from vigil.streams.incidents import Correlator
+from vigil.streams.engine.incidents import Correlator
 from vigil.streams.kafka import dead_letter, refused_event
 from vigil.streams.plugins import load_plugins
 from vigil.streams.recovery import read_before_committed, read_recent

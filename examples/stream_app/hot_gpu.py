@@ -1,4 +1,4 @@
-"""Example standalone stream app: a GPU hotter than a limit, written with vigil.streams.sdk.
+"""Example standalone stream app: a GPU hotter than a limit, written with vigil.sdk.
 
 Run it next to a vigil stack (same VIGIL_* environment):
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from vigil.streams.sdk import StreamApp
+from vigil.sdk import StreamApp
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ Real detection and real decisions run only where they matter (see
 fail-stops go through the live detectors on a short window around them,
 fail-slows through BOCD + verification on windows of sampled iteration times
 around each change of a job's speed, and the vigil policy drives the live
-:class:`vigil.streams.decisions.DecisionEngine` with the alerts that come out and
+:class:`vigil.streams.engine.decisions.DecisionEngine` with the alerts that come out and
 with the results of a simulated actuator, on simulated time.
 
 Accounting (per job)

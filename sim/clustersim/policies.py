@@ -13,7 +13,7 @@
   after a sev1, and grows back when nodes return. Every recovery resumes
   from the last checkpoint (the redundancy that lets Oobleck skip that is
   not modelled). No fail-slow mitigation, no other job changes.
-* :class:`Vigil`: the live :class:`vigil.streams.decisions.DecisionEngine` (Unicron
+* :class:`Vigil`: the live :class:`vigil.streams.engine.decisions.DecisionEngine` (Unicron
   escalation ladder, Falcon ski-rental mitigation, re-planning on node
   return) fed by the live detectors and correlator through the probes
   (:mod:`vigil.sim.clustersim.probes`); its decisions are carried out by a
@@ -46,10 +46,10 @@ from vigil.sim.clustersim.model import JobConfig, Topology, throughput_table
 from vigil.sim.clustersim.probes import FailSlowProbe, FailStopProbe
 from vigil.sim.clustersim.traces import FailStop
 from vigil.schemas import GPUS_PER_NODE, ActionResult, Alert, Decision, JobState, NodeState, Source, from_seconds
-from vigil.streams.decisions import DEGRADATIONS, DecisionEngine
-from vigil.streams.escalation import Escalation
-from vigil.streams.incidents import Correlator
-from vigil.streams.skirental import STRATEGIES, FailSlowMitigation
+from vigil.streams.engine.decisions import DEGRADATIONS, DecisionEngine
+from vigil.streams.engine.escalation import Escalation
+from vigil.streams.engine.incidents import Correlator
+from vigil.streams.engine.skirental import STRATEGIES, FailSlowMitigation
 
 __all__ = ["initial_placement", "RestartOnly", "PerJob", "Vigil", "SimActuator", "POLICIES"]
 

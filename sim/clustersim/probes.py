@@ -8,14 +8,14 @@ says "healthy". So the simulator runs the real code on bounded windows:
   :class:`vigil.sim.simulator.ClusterSimulator` (the event generator of the
   demo) plays the failing job on the failing node and one peer, with the
   job's iteration time, for a warm-up window and then the fault, and its
-  events go through a fresh :class:`vigil.streams.detection.DetectionEngine` into
-  the simulation's shared :class:`vigil.streams.incidents.Correlator` until the
+  events go through a fresh :class:`vigil.streams.engine.detection.DetectionEngine` into
+  the simulation's shared :class:`vigil.streams.engine.incidents.Correlator` until the
   first alert: heartbeat loss for a lost node (2.5 missed 1 s intervals),
   the process-exit, exception and XID detectors, the hang detector's 3 x
   mean iteration time. Its latency (plus ``transport_s`` for the Kafka hop)
   and its alerts are what the decision engine gets.
 * :class:`FailSlowProbe` — one per job incarnation (a layout the job runs
-  on): a fresh :class:`~vigil.streams.detection.DetectionEngine` fed columnar
+  on): a fresh :class:`~vigil.streams.engine.detection.DetectionEngine` fed columnar
   :class:`vigil.schemas.IterationStep` events sampled from the job's iteration-time
   model (:func:`vigil.sim.clustersim.model.sample_iterations`, with jitter,
   data-dependent imbalance and spikes) in windows around each change of the
@@ -40,9 +40,9 @@ from vigil.sim.clustersim.model import HardwareSpec, ModelSpec, StepFactors, sam
 from vigil.sim.clustersim.traces import FailStop
 from vigil.sim.simulator import ClusterSimulator, Fault, SimJob
 from vigil.schemas import GPUS_PER_NODE, Alert, Envelope, IterationStep, Source, from_seconds
-from vigil.streams.detection import DetectionEngine
-from vigil.streams.incidents import Correlator
-from vigil.streams.pipeline import InProcessPipeline
+from vigil.streams.engine.detection import DetectionEngine
+from vigil.streams.engine.incidents import Correlator
+from vigil.streams.engine.pipeline import InProcessPipeline
 
 __all__ = ["FailStopProbe", "FailSlowProbe"]
 

@@ -1,5 +1,5 @@
 """The two ways to add a detector, as a user would: an installed entry-point
-plugin, and a standalone app written with vigil.streams.sdk. Both run for real."""
+plugin, and a standalone app written with vigil.sdk. Both run for real."""
 
 from __future__ import annotations
 

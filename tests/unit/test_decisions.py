@@ -7,10 +7,10 @@ import uuid
 import pytest
 
 from vigil.schemas import ActionResult, Alert, Decision, DetectorFinding, JobState, NodeState, Source, Subject, from_seconds
-from vigil.streams.decisions import DecisionEngine
-from vigil.streams.escalation import Escalation
-from vigil.streams.incidents import Correlator
-from vigil.streams.skirental import FailSlowMitigation
+from vigil.streams.engine.decisions import DecisionEngine
+from vigil.streams.engine.escalation import Escalation
+from vigil.streams.engine.incidents import Correlator
+from vigil.streams.engine.skirental import FailSlowMitigation
 
 
 def alert(kind: str, severity: int, *, job: str | None = "gpt", node: str | None = "n1", rank: int | None = None,
@@ -235,7 +235,7 @@ def test_reconfiguration_excludes_the_nodes_known_down_and_forgets_nodes_a_job_l
 
 def test_a_node_failure_reconfigures_the_jobs_the_detectors_saw_running_there():
     from vigil.schemas import IterationTiming
-    from vigil.streams.pipeline import InProcessPipeline
+    from vigil.streams.engine.pipeline import InProcessPipeline
     from vigil.schemas import XidError
 
     pipe = InProcessPipeline()

@@ -10,8 +10,8 @@ import pytest
 
 from vigil.sim.simulator import ClusterSimulator, Fault, SimJob
 from vigil.schemas import Alert, Heartbeat, IterationTiming, Source, from_seconds, to_seconds
-from vigil.streams.detection import DetectionEngine
-from vigil.streams.pipeline import InProcessPipeline
+from vigil.streams.engine.detection import DetectionEngine
+from vigil.streams.engine.pipeline import InProcessPipeline
 
 TICK = 0.05
 

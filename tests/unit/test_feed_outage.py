@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vigil.schemas import Heartbeat, Source, from_seconds
-from vigil.streams.detection import DetectionEngine, EngineParams
+from vigil.streams.engine.detection import DetectionEngine, EngineParams
 
 
 def beat(node: str, t: float, seq: int) -> Heartbeat:

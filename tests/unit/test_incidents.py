@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from vigil.schemas import DetectorFinding, Subject
-from vigil.streams.detection import DetectionEngine
-from vigil.streams.incidents import MAX_EVIDENCE, Correlator, explains
+from vigil.streams.engine.detection import DetectionEngine
+from vigil.streams.engine.incidents import MAX_EVIDENCE, Correlator, explains
 
 
 def finding(kind, severity, subject, onset=10.0, status="raised", job_nodes=(), **evidence) -> DetectorFinding:

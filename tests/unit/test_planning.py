@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 
 from vigil.schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds
-from vigil.streams.decisions import DecisionEngine
-from vigil.streams.planning import replan
-from vigil.streams.skirental import FailSlowMitigation
+from vigil.streams.engine.decisions import DecisionEngine
+from vigil.streams.engine.planning import replan
+from vigil.streams.engine.skirental import FailSlowMitigation
 
 T0 = from_seconds(1_700_000_000)
 

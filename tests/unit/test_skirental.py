@@ -7,8 +7,8 @@ import uuid
 import pytest
 
 from vigil.schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds
-from vigil.streams.decisions import DecisionEngine
-from vigil.streams.skirental import EpisodeDurations, FailSlowMitigation
+from vigil.streams.engine.decisions import DecisionEngine
+from vigil.streams.engine.skirental import EpisodeDurations, FailSlowMitigation
 
 COSTS = {"rebalance_microbatches": 5.0, "adjust_topology": 60.0, "checkpoint_restart": 300.0}
 

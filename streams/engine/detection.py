@@ -35,7 +35,7 @@ from vigil.schemas import (
     CollectiveCall, DetectorFinding, Envelope, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters,
     ProcessExit, Source, Subject, TrainingException, XidError, from_seconds, to_seconds,
 )
-from vigil.streams.incidents import subject_key
+from vigil.streams.engine.incidents import subject_key
 
 _FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
 

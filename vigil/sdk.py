@@ -8,7 +8,7 @@ the alert topic). The history client answers SQL.
 
 Example (``examples/stream_app/hot_gpu.py``)::
 
-    from vigil.streams.sdk import StreamApp
+    from vigil.sdk import StreamApp
 
     app = StreamApp("hot-gpu", consumes=["gpu_telemetry"])
 
@@ -41,7 +41,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 
 from vigil.schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, DetectorFinding, Envelope, Source, Subject, decode, encode, message_key, \
     topic_name, utcnow
-from vigil.streams.incidents import subject_key
+from vigil.streams.engine.incidents import subject_key
 from vigil.streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)

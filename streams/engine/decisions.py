@@ -1,7 +1,7 @@
 """The decision engine: alerts and action results in, decisions out.
 
-Fail-stops climb the escalation ladder (:mod:`vigil.streams.escalation`); fail-slows
-are mitigated by ski rental (:mod:`vigil.streams.skirental`); a job arriving or
+Fail-stops climb the escalation ladder (:mod:`vigil.streams.engine.escalation`); fail-slows
+are mitigated by ski rental (:mod:`vigil.streams.engine.skirental`); a job arriving or
 finishing and a node joining or coming back trigger re-planning. Every
 decision names the incidents it answers, its reason, its plan (the contract
 the actuators validate, see ``actuators/``) and an idempotency key; its id is
@@ -49,9 +49,9 @@ from typing import Any, Callable
 
 from vigil.schemas import ActionResult, Alert, Decision, Envelope, JobState, NodeState, Source, Subject, from_seconds, \
     to_seconds
-from vigil.streams.escalation import LADDER, Escalation
-from vigil.streams.incidents import GPU_CAUSES, LINK_CAUSES
-from vigil.streams.skirental import STRATEGIES, FailSlowMitigation
+from vigil.streams.engine.escalation import LADDER, Escalation
+from vigil.streams.engine.incidents import GPU_CAUSES, LINK_CAUSES
+from vigil.streams.engine.skirental import STRATEGIES, FailSlowMitigation
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class DecisionEngine:
     recovered : callable, optional
         ``recovered(incident_ids, job, at, why) -> list[Alert]``: told when a
         remedy worked, returns the alerts that resolve those incidents (the
-        correlator's :meth:`~vigil.streams.incidents.Correlator.recovered`).
+        correlator's :meth:`~vigil.streams.engine.incidents.Correlator.recovered`).
     replan : callable, optional
         ``replan(jobs: dict[str, JobState], healthy_nodes: set[str]) -> dict``:
         the multi-job plan to carry in a re-planning decision.
@@ -459,7 +459,7 @@ class DecisionEngine:
             detector="decision_engine", detector_version="1")
 
     def _failslow_plan(self, job: str, strategy: str) -> dict[str, Any]:
-        from vigil.streams.planning import failslow_plan  # the planners import scipy: only when a fail-slow needs them
+        from vigil.streams.engine.planning import failslow_plan  # the planners import scipy: only when a fail-slow needs them
 
         info = self.jobs.get(job, _JobInfo())
         node, t_healthy, t_slow, cls = self._failslow_ctx.get(job, (None, 1.0, 1.0, "communication"))

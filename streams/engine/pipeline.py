@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from vigil.schemas import Alert, DetectorFinding, Envelope
-from vigil.streams.detection import DetectionEngine, EngineParams
-from vigil.streams.incidents import Correlator
+from vigil.streams.engine.detection import DetectionEngine, EngineParams
+from vigil.streams.engine.incidents import Correlator
 
 
 class InProcessPipeline:
