@@ -10,6 +10,14 @@ test runs them on simulated time.
 
 Snapshots are plain picklable dicts so a stream app can keep detector state in
 a table or a file and rebuild the detector after a restart.
+
+How the stream engine drives a detector is declared on its class, the same
+for built-ins and plugins: ``consumes`` (event types of :mod:`vigil.schemas`,
+or derived inputs of :mod:`vigil.detectors.inputs`), ``per`` (one instance
+per ``"job"`` or per ``"node"``), and ``observe`` (how an input becomes an
+``update`` call). ``silence`` marks detectors that fire on a timer when
+their subject goes quiet, ``transient`` those whose findings are single
+events (raised once, never cleared).
 """
 
 from __future__ import annotations
@@ -18,7 +26,9 @@ import copy
 import math
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Protocol
+
+from vigil.schemas import Slowdown
 
 
 class DetectorError(ValueError):
@@ -39,6 +49,21 @@ class Finding:
     onset: float
     detected_at: float
     evidence: dict[str, Any] = field(default_factory=dict)
+    #: Narrows the subject beyond the detector's key (e.g. ``{"rank": 3, "node": "n1"}``); None: the key alone.
+    subject: dict[str, Any] | None = None
+    #: For a slowdown: its size, class and place (what the correlator and the decisions read).
+    slowdown: Slowdown | None = None
+
+
+class KeyContext(Protocol):
+    """What the engine tells a detector about its key besides the detector's own input."""
+
+    key: str
+    per: str
+
+    @property
+    def raised(self) -> frozenset[str]:
+        """Kinds of the findings currently raised for this key, by any of its detectors."""
 
 
 class Detector:
@@ -54,6 +79,35 @@ class Detector:
     name: ClassVar[str] = ""
     #: Bumped when the algorithm's behaviour changes, carried on every alert.
     version: ClassVar[str] = "1"
+    #: Inputs the engine feeds it: event types (``"heartbeat"``) or derived inputs (``"progress"``).
+    consumes: ClassVar[tuple[str, ...]] = ()
+    #: One instance per ``"job"`` or per ``"node"`` (the engine's keys).
+    per: ClassVar[str | None] = None
+    #: Fires from ``tick`` when its subject goes quiet: ticked every engine tick, but only once
+    #: nothing has arrived from the subject for ``timeout_s`` (a late feed is not silence).
+    silence: ClassVar[bool] = False
+    #: Findings are single events (an exit, an exception): raised once, never cleared.
+    transient: ClassVar[bool] = False
+    #: ``observe_batch`` gets all of one message's inputs for a key at once (e.g. one node's GPU samples).
+    batch: ClassVar[bool] = False
+
+    @classmethod
+    def for_key(cls, key: str, **params: Any) -> "Detector":
+        """A new instance for one job or node; ``params`` are the operator's settings for this detector."""
+        return cls(**params)
+
+    def observe(self, item: Any, *, t: float, context: KeyContext | None = None) -> None:
+        """Feed one consumed input stamped ``t``; the default hands it to ``update(item, t=t)``."""
+        self.update(item, t=t)  # type: ignore[attr-defined]
+
+    def observe_batch(self, items: list[Any], *, t: float, context: KeyContext | None = None) -> None:
+        """Feed one message's inputs for this key (``batch`` detectors); ``t`` is the latest stamp."""
+        for item in items:
+            self.observe(item, t=t, context=context)
+
+    def emitted(self) -> list[Any]:
+        """Derived inputs produced since the last call, for the other detectors of the key."""
+        return []
 
     def _reset(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -55,7 +55,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_positive_ints, _check_time, register
+from vigil.schemas import GpuTelemetry, to_seconds
 
 __all__ = ["GpuDegradation", "THROTTLE_REASONS", "DEFAULT_THROTTLE_MASK", "decode_throttle_reasons"]
 
@@ -180,6 +181,32 @@ class GpuDegradation(Detector):
 
     name = "gpu_degradation"
     version = "1"
+    consumes = ("gpu_telemetry",)
+    per = "node"
+    batch = True
+
+    @classmethod
+    def for_key(cls, key: str, **params: Any) -> "GpuDegradation":
+        return cls(node=key, **params)
+
+    def observe_batch(self, items: list[GpuTelemetry], *, t: float, context: KeyContext | None = None) -> None:
+        """One node's GPU samples of one message: compared with each other as one sampling round."""
+        readings: dict[Any, dict[str, Any]] = {}
+        for s in items:
+            if s.source.gpu is None:
+                continue
+            row = {k: v for k, v in (("sm_clock", s.sm_clock_mhz), ("temperature", s.temperature_c),
+                                     ("power", s.power_w), ("utilization", s.utilization_pct),
+                                     ("throttle_reasons", s.throttle_reasons), ("ecc_sbe", s.ecc_sbe),
+                                     ("ecc_dbe", s.ecc_dbe)) if v is not None}
+            if s.nvlink_errors:
+                row["nvlink_errors"] = sum(s.nvlink_errors.values())
+            readings[s.source.gpu] = row
+        if readings:
+            self.update(readings, t=max(to_seconds(s.event_time) for s in items))
+
+    def observe(self, item: GpuTelemetry, *, t: float, context: KeyContext | None = None) -> None:
+        self.observe_batch([item], t=t, context=context)
 
     def __init__(
         self,

@@ -11,7 +11,8 @@ from typing import Any
 
 from river import stats, utils
 
-from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.inputs import PROGRESS, Progress
 
 
 @register
@@ -69,6 +70,9 @@ class HangDetector(Detector):
 
     name = "hang"
     version = "1"
+    consumes = (PROGRESS,)
+    per = "job"
+    silence = True
 
     def __init__(self, k: float = 3.0, warmup: int = 5, mode: str = "mean", safety_factor: float = 5.0,
                  window: int = 50, min_timeout_s: float = 0.0) -> None:
@@ -108,6 +112,11 @@ class HangDetector(Detector):
         if self._last_progress is None or t > self._last_progress:
             self._last_progress = t
         self._finding = None
+
+    def observe(self, item: Progress, *, t: float, context: KeyContext | None = None) -> None:
+        """The job completed a step (a zero-length one says nothing about the pace)."""
+        if item.duration_s > 0:
+            self.update(item.duration_s, t=item.end)
 
     def tick(self, now: float) -> None:
         now = _check_time(now, "now")

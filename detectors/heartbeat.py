@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_time, register
+from vigil.schemas import Heartbeat, to_seconds
 
 
 @register
@@ -47,6 +48,9 @@ class HeartbeatLoss(Detector):
 
     name = "heartbeat_loss"
     version = "1"
+    consumes = ("heartbeat",)
+    per = "node"
+    silence = True
 
     def __init__(self, missed_intervals: float = 2.5, interval_s: float = 1.0) -> None:
         if not missed_intervals >= 1:
@@ -74,6 +78,10 @@ class HeartbeatLoss(Detector):
         if self._finding is not None:
             self._finding = None
             self._recovered_at = t
+
+    def observe(self, item: Heartbeat, *, t: float, context: KeyContext | None = None) -> None:
+        """A node agent's heartbeat: its send time, announced interval and sequence number."""
+        self.update(t=to_seconds(item.event_time), interval_s=item.interval_s, seq=item.seq)
 
     def tick(self, now: float) -> None:
         now = _check_time(now, "now")

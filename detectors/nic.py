@@ -67,7 +67,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_positive_ints, _check_time, register
+from vigil.schemas import NicCounters, to_seconds
 
 __all__ = ["NicCongestion", "counter_delta", "DEFAULT_WIDTHS", "CONGESTION_SIGNALS", "FLAP_COUNTERS", "ERROR_COUNTERS"]
 
@@ -206,6 +207,12 @@ class NicCongestion(Detector):
 
     name = "nic_congestion"
     version = "1"
+    consumes = ("nic_counters",)
+    per = "node"
+
+    @classmethod
+    def for_key(cls, key: str, **params: Any) -> "NicCongestion":
+        return cls(node=key, **params)
 
     def __init__(
         self,
@@ -273,6 +280,10 @@ class NicCongestion(Detector):
             }
             self._ports[port] = p
         return p
+
+    def observe(self, item: NicCounters, *, t: float, context: KeyContext | None = None) -> None:
+        """One port's cumulative counters, the port named ``device:port``."""
+        self.update(item.counters, t=to_seconds(item.event_time), port=f"{item.device}:{item.port}")
 
     def update(self, counters: Mapping[str, int], *, t: float, port: str = "0") -> None:
         t = _check_time(t, "t")

@@ -39,7 +39,9 @@ from typing import Any, Hashable, Iterable, Sequence
 
 import numpy as np
 
-from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.inputs import Progress
+from vigil.schemas import CollectiveCall, to_seconds
 
 __all__ = ["acf", "acf_period", "iteration_time_from_period", "IterationPeriod"]
 
@@ -194,6 +196,8 @@ class IterationPeriod(Detector):
 
     name = "iteration_period"
     version = "1"
+    consumes = ("collective",)
+    per = "job"
 
     def __init__(
         self,
@@ -231,6 +235,24 @@ class IterationPeriod(Detector):
         self._iter_times: list[float] = []
         self._span: tuple[float, float] | None = None
         self._last_t: float | None = None
+        self._emitted: list[Progress] = []
+        self._last_emit: float | None = None
+
+    def observe(self, item: CollectiveCall, *, t: float, context: KeyContext | None = None) -> None:
+        """Rank 0's calls (every rank makes the same sequence); once the period is known, a
+        :class:`~vigil.detectors.inputs.Progress` per iteration time for jobs that report no steps."""
+        if item.source.rank not in (None, 0):
+            return
+        end = to_seconds(item.end)
+        self.update(item.op.value, item.group, t=end)
+        it = self._iter_time
+        if it is not None and it > 0 and (self._last_emit is None or end - self._last_emit >= it):
+            self._last_emit = end
+            self._emitted.append(Progress(step=-1, end=end, duration_s=it))
+
+    def emitted(self) -> list[Progress]:
+        out, self._emitted = self._emitted, []
+        return out
 
     def update(self, op: str, group: str, *, t: float) -> None:
         t = _check_time(t, "t")

@@ -72,7 +72,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.inputs import RANK_TIMINGS, RankTimings
+from vigil.schemas import Slowdown
 
 __all__ = ["Suspect", "Localization", "localize", "localize_window", "falcon_rule", "falcon_localize", "StragglerLocalizer"]
 
@@ -425,6 +427,10 @@ class StragglerLocalizer(Detector):
 
     name = "straggler"
     version = "1"
+    consumes = (RANK_TIMINGS,)
+    per = "job"
+    #: Localizing costs far more than detecting: every step while the job is slow, else every Nth.
+    quiet_every = 16
 
     def __init__(
         self,
@@ -457,6 +463,20 @@ class StragglerLocalizer(Detector):
         self._streak = 0
         self._streak_start: float | None = None
         self._confirmed: dict[str, Any] | None = None
+        self._observed = 0
+        self._placement: RankTimings | None = None
+
+    def observe(self, item: RankTimings, *, t: float, context: KeyContext | None = None) -> None:
+        """One step of the job's ranks; localized on every step while the job is slow (a fail-slow or
+        a straggler raised for it), else on every ``quiet_every``-th (persistent stragglers)."""
+        self._observed += 1
+        slow = context is not None and bool(context.raised & {"fail_slow", "straggler"})
+        if not slow and self._confirmed is None and self._observed % self.quiet_every:
+            return
+        self._placement = item
+        self.update([{"rank": r, "dp": d, "pp": p, "tp": q, "compute": c, "comm": m}
+                     for r, c, m, d, p, q in zip(item.ranks, item.compute_s, item.communication_s,
+                                                 item.dp, item.pp, item.tp)], t=item.end)
 
     def update(self, records: Sequence[Mapping[str, Any]], *, t: float) -> None:
         t = _check_time(t, "t")
@@ -498,13 +518,16 @@ class StragglerLocalizer(Detector):
         c = self._confirmed
         if c is None:
             return None
-        return Finding(
-            "straggler",
-            3,
-            c["onset"],
-            c["detected_at"],
-            {"culprit": c["culprit"], "location": c["location"], "suspects": c["suspects"], "iterations": len(self._iters)},
-        )
+        evidence = {"culprit": c["culprit"], "location": c["location"], "suspects": c["suspects"],
+                    "iterations": len(self._iters)}
+        slowdown = None
+        loc = c["location"]
+        where = self._placement.placement(loc[1]) if self._placement is not None and isinstance(loc, (list, tuple)) \
+            and len(loc) == 2 and loc[0] == "rank" else None
+        if where is not None:  # the rank's node and GPU: what a GPU or link cause there explains
+            evidence["node"], evidence["gpu"] = where
+            slowdown = Slowdown(node=where[0], gpu=where[1])
+        return Finding("straggler", 3, c["onset"], c["detected_at"], evidence, slowdown=slowdown)
 
     @classmethod
     def _conformance_params(cls) -> dict[str, Any]:

@@ -49,7 +49,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from vigil.detectors.base import Detector, DetectorError, Finding, _check_positive, _check_positive_ints, _check_time, register
+from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_positive_ints, _check_time, register
+from vigil.schemas import XidError, to_seconds
 from vigil.schemas.xid import (  # noqa: F401  (re-exported: the detector's vocabulary)
     ACTIONS, CATALOG, NVLINK5_CODES, XidInfo, XidRecord, classify as _classify, normalize_pci, parse_xid_line,
 )
@@ -151,6 +152,12 @@ class XidDetector(Detector):
 
     name = "xid"
     version = "1"
+    consumes = ("xid",)
+    per = "node"
+
+    @classmethod
+    def for_key(cls, key: str, **params: Any) -> "XidDetector":
+        return cls(node=key, **params)
 
     def __init__(self, hold: float = 600.0, xid45_window: float = 10.0, node: str = "", history: int = 256):
         self.hold = _check_positive(hold, "hold")
@@ -170,6 +177,11 @@ class XidDetector(Detector):
         self.lines_ignored = 0
 
     # -- input ---------------------------------------------------------------
+    def observe(self, item: XidError, *, t: float, context: KeyContext | None = None) -> None:
+        """An XID event: its code and message on the GPU named by PCI bus id (else by index)."""
+        gpu: str | int | None = item.pci_bus_id if item.pci_bus_id else item.source.gpu
+        self.update(item.code, gpu, t=to_seconds(item.event_time), message=item.message)
+
     def update(self, event: str | int | XidRecord, gpu: str | int | None = None, *, t: float, message: str = "") -> None:
         t = _check_time(t, "t")
         record: XidRecord | None

@@ -6,7 +6,7 @@ from vigil.schemas.errors import DecodeError, SchemaError
 from vigil.schemas.events import (
     EVENT_TYPES, GPUS_PER_NODE, ActionResult, Alert, CollectiveCall, CollectiveOp, DeadLetter, Decision, DetectorFinding,
     ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState, NicCounters, NodeState,
-    ProcessExit, Subject, TrainingException, XidError,
+    ProcessExit, Slowdown, Subject, TrainingException, XidError,
 )
 from vigil.schemas.topics import NODE_SAMPLE_TYPES, NODE_SAMPLES, TOPICS, all_topic_names, group_type, message_key, topic_name
 
@@ -14,6 +14,6 @@ __all__ = [
     "Decoded", "decode", "encode", "encode_batch", "Envelope", "Source", "from_seconds", "to_seconds",
     "utcnow", "DecodeError", "SchemaError", "EVENT_TYPES", "GPUS_PER_NODE", "ActionResult", "Alert", "CollectiveCall",
     "CollectiveOp", "DeadLetter", "Decision", "DetectorFinding", "ExceptionCategory", "GpuTelemetry", "Heartbeat",
-    "IterationStep", "IterationTiming", "JobState", "NicCounters", "NodeState", "ProcessExit", "Subject",
+    "IterationStep", "IterationTiming", "JobState", "NicCounters", "NodeState", "ProcessExit", "Slowdown", "Subject",
     "TrainingException", "XidError", "TOPICS", "NODE_SAMPLES", "NODE_SAMPLE_TYPES", "group_type", "all_topic_names", "message_key", "topic_name",
 ]

@@ -223,6 +223,20 @@ class Subject(Frozen):
     link: str | None = Field(None, description="Network link, e.g. node/mlx5_0:1.")
 
 
+class Slowdown(Frozen):
+    """A job running slower than it did: how much, of what kind, and where when localized."""
+
+    job: str | None = Field(None, description="The job that slowed down.")
+    before_s: float | None = Field(None, ge=0, description="Iteration time before the slowdown, in seconds.")
+    after_s: float | None = Field(None, ge=0, description="Iteration time since the slowdown, in seconds.")
+    rel_change: float | None = Field(None, description="after / before - 1.")
+    slowdown_class: Literal["computation", "communication"] | None = Field(
+        None, description="Which part of the step grew: computation (a slow GPU) or communication (a slow link); "
+        "unset when it could not be told.")
+    node: str | None = Field(None, description="Node of the straggler, when localized.")
+    gpu: int | None = Field(None, ge=0, description="GPU of the straggler on that node, when localized.")
+
+
 class Alert(Envelope):
     """One version of an incident: opened, updated, or resolved.
 
@@ -245,6 +259,9 @@ class Alert(Envelope):
     evidence_count: int = Field(0, ge=0, description="How many pieces of evidence were seen in total.")
     detector: str = Field(min_length=1, description="Name of the detector that raised it.")
     detector_version: str = Field(min_length=1, description="Version of that detector.")
+    jobs: dict[str, list[str]] = Field(default_factory=dict, description="Jobs the incident touches, each with the "
+                                       "nodes it was seen running on: what a remedy acts on.")
+    slowdowns: list[Slowdown] = Field(default_factory=list, description="The fail-slows in the incident, one per job.")
 
 
 class DetectorFinding(Envelope):
@@ -263,6 +280,9 @@ class DetectorFinding(Envelope):
     detector: str = Field(min_length=1, description="Detector name.")
     detector_version: str = Field(min_length=1, description="Detector version.")
     job_nodes: list[str] = Field(default_factory=list, description="Nodes the subject job runs on, when known.")
+    affected_jobs: list[str] = Field(default_factory=list, description="Jobs running on the subject node when it "
+                                     "was found (what a node's failure takes down).")
+    slowdown: Slowdown | None = Field(None, description="For a fail-slow or straggler: its size, class and place.")
     evidence: dict[str, Any] = Field(default_factory=dict, description="The detector's evidence.")
 
 

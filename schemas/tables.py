@@ -160,7 +160,8 @@ def _columns_of(model: type[BaseModel], prefix: str, path: tuple[str, ...],
         ch_type, convert = _base_type(annotation)
         if optional:
             ch_type = (
-                "LowCardinality(Nullable(String))" if ch_type in ("String", "LowCardinality(String)") and fname in _LOW_CARD
+                "LowCardinality(Nullable(String))"
+                if ch_type == "LowCardinality(String)" or ch_type == "String" and fname in _LOW_CARD
                 else f"Nullable({ch_type})"
             )
         elif fname in _LOW_CARD and ch_type == "String":

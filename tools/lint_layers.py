@@ -42,13 +42,18 @@ def shadow_tree(dest: Path, extra: dict[str, Path]) -> Path:
         (dest / package.replace(".", "/")).symlink_to(ROOT / folder)
     for module, path in extra.items():
         target = dest / (module.replace(".", "/") + ".py")
-        if target.parent.is_symlink():  # write beside the linked files, not into the repository
-            real = target.parent.resolve()
-            target.parent.unlink()
-            target.parent.mkdir()
-            for entry in real.iterdir():
-                if entry.name != "__pycache__":
-                    (target.parent / entry.name).symlink_to(entry)
+        # Replace each linked folder on the way by a folder of links, so that the file lands in the
+        # shadow tree and never in the repository.
+        folder = dest
+        for part in module.split(".")[:-1]:
+            folder = folder / part
+            if folder.is_symlink():
+                real = folder.resolve()
+                folder.unlink()
+                folder.mkdir()
+                for entry in real.iterdir():
+                    if entry.name != "__pycache__":
+                        (folder / entry.name).symlink_to(entry)
         target.write_text(path.read_text())
     return dest
 

@@ -531,7 +531,7 @@ class Vigil:
                        node=a.subject.node)
             if a.status == "resolved":
                 self.failslow_incidents.pop(a.incident_id, None)
-            elif a.kind in DEGRADATIONS and any(ev.get("kind") == "fail_slow" for ev in a.evidence):
+            elif a.kind in DEGRADATIONS and (a.kind == "fail_slow" or a.slowdowns):
                 self.failslow_incidents[a.incident_id] = a.subject.job or ""
             elif a.severity == 1 and a.subject.node and a.kind in ("node_lost", "xid"):
                 self.node_state(a.subject.node, "lost", a.kind)

@@ -178,5 +178,5 @@ class FailSlowProbe:
     @property
     def slow_finding(self) -> bool:
         """Whether the detector holds a fail-slow in progress for this job."""
-        state = self.engine.jobs.get(self.job)
-        return state is not None and state.failslow.finding is not None
+        det = self.engine.detector("job", self.job, "fail_slow")
+        return det is not None and det.finding is not None

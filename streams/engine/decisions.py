@@ -225,16 +225,12 @@ class DecisionEngine:
         return running
 
     def _on_degradation(self, alert: Alert, now: float) -> list[Envelope]:
-        slow = [e for e in alert.evidence if e.get("kind") == "fail_slow" and e.get("before") and e.get("after")]
-        if alert.kind == "fail_slow":
-            slow = slow or [{"subject": alert.subject.model_dump(exclude_none=True), **(alert.evidence[0] if alert.evidence else {})}]
-        for e in slow:
-            job = (e.get("subject") or {}).get("job") or alert.subject.job
-            before, after = e.get("before"), e.get("after")
-            if not job or not isinstance(before, (int, float)) or not isinstance(after, (int, float)) or before <= 0:
+        for slow in alert.slowdowns:
+            job, before, after = slow.job or alert.subject.job, slow.before_s, slow.after_s
+            if not job or before is None or after is None or before <= 0:
                 continue
-            cls = str(e.get("slowdown_class") or "communication")
-            node = alert.subject.node if alert.kind in GPU_CAUSES | LINK_CAUSES else e.get("node")
+            cls = slow.slowdown_class or "communication"
+            node = alert.subject.node if alert.kind in GPU_CAUSES | LINK_CAUSES else slow.node
             self.mitigation.start(job, float(before), float(after), cls, now, onset=to_seconds(alert.onset_time),
                                   strategies=self._strategies(job),
                                   restart_shrink=self._restart_shrink(job, node if isinstance(node, str) else None))
@@ -468,22 +464,14 @@ class DecisionEngine:
     def _jobs_of(self, alert: Alert) -> list[str]:
         if alert.subject.job:
             return [alert.subject.job]
-        jobs = {(e.get("subject") or {}).get("job") for e in alert.evidence}
-        for e in alert.evidence:  # a node finding names the jobs running there
-            if isinstance(e.get("jobs"), list):
-                jobs.update(j for j in e["jobs"] if isinstance(j, str))
+        jobs = set(alert.jobs)  # the incident's job findings, and the jobs running where a node finding is
         node = alert.subject.node
         if node:
             jobs |= {j for j, info in self.jobs.items() if node in info.nodes}
         return sorted(j for j in jobs if j)
 
     def _learn_nodes(self, alert: Alert) -> None:
-        for e in alert.evidence:
-            subject = e.get("subject") or {}
-            if subject.get("job") and subject.get("node"):
-                self.jobs.setdefault(subject["job"], _JobInfo()).nodes.add(subject["node"])
-            if subject.get("job") and isinstance(e.get("job_nodes"), list):
-                self.jobs.setdefault(subject["job"], _JobInfo()).nodes.update(
-                    n for n in e["job_nodes"] if isinstance(n, str))
+        for job, nodes in alert.jobs.items():
+            self.jobs.setdefault(job, _JobInfo()).nodes.update(nodes)
         if alert.subject.job and alert.subject.node:
             self.jobs.setdefault(alert.subject.job, _JobInfo()).nodes.add(alert.subject.node)

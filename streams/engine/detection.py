@@ -1,18 +1,24 @@
 """The detection engine: telemetry in, findings out, no Kafka.
 
-Per job (timings are keyed by job): hang, BOCD + verification on the job's
-iteration-time series, straggler localization over each step's per-rank
-records, and the iteration period from collective calls for jobs that send
-no iteration events. Per node (node data is keyed by node): heartbeat loss,
-XID classes, NIC congestion and link flaps, GPU degradation, process exits
-and training exceptions.
+Every detector, built-in or plugin, is driven the same way, from what its
+class declares (:class:`vigil.detectors.Detector`): the inputs it
+``consumes``, ``per`` what key (a job or a node: one instance each), and how
+it ``observe``\\ s them. Events are routed by type to the detectors of their
+key; a job's timing events also pass its :class:`~vigil.streams.engine.steps.StepAssembler`,
+which derives the ``progress`` and ``rank_timings`` inputs (and takes the
+progress the collective-period detector infers, for jobs with no steps).
 
 Each detector's current findings are diffed against what was last reported,
 so the engine emits a ``raised`` finding when a condition begins and a
-``cleared`` one when it ends. Events that are failures in themselves
-(a process exit, an exception) are raised once and never cleared; the
-correlator expires them. The faust worker (``vigil.streams.worker``) feeds the
-engine and ticks it; tests and replays drive it directly on simulated time.
+``cleared`` one when it ends; ``transient`` detectors' findings (an exit, an
+exception) are raised once and never cleared (the correlator expires them).
+A key's findings all clear when its subject ends cleanly
+(:meth:`DetectionEngine.end_job`, :meth:`DetectionEngine.end_node`).
+
+Timers: ``silence`` detectors (heartbeat loss, hang) are ticked every tick
+but only once their subject has been quiet past their timeout *as far as
+the worker can tell* (a worker that hears nothing at all is deaf, not the
+cluster silent); the others age their windows once a second.
 """
 
 from __future__ import annotations
@@ -20,89 +26,76 @@ from __future__ import annotations
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from vigil.detectors import Detector, Finding, HangDetector, HeartbeatLoss
-from vigil.detectors.gpu import GpuDegradation
-from vigil.detectors.nic import NicCongestion
-from vigil.detectors.period import IterationPeriod
-from vigil.detectors.straggler import StragglerLocalizer
-from vigil.detectors.verification import BOCDVerify
-from vigil.detectors.xid import XidDetector
+from vigil.detectors import REGISTRY, Detector, Finding
+from vigil.detectors.inputs import PROGRESS, RANK_TIMINGS
 from vigil.schemas import (
-    CollectiveCall, DetectorFinding, Envelope, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters,
-    ProcessExit, Source, Subject, TrainingException, XidError, from_seconds, to_seconds,
+    CollectiveCall, DetectorFinding, Envelope, IterationStep, IterationTiming, Source, Subject, from_seconds,
+    to_seconds,
 )
 from vigil.streams.engine.incidents import subject_key
+from vigil.streams.engine.steps import StepAssembler
+
+__all__ = ["BUILTIN", "DetectionEngine", "EngineParams"]
 
 _FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
 
-#: Unicron's severity table for training exceptions: (finding kind, severity).
-EXCEPTION_KINDS: dict[str, tuple[str, int]] = {
-    "cuda_error": ("cuda_error", 2),
-    "illegal_memory_access": ("illegal_memory_access", 2),
-    "out_of_memory": ("software_error", 2),
-    "other": ("software_error", 2),
-    "nccl_timeout": ("nccl_timeout", 3),
-    "connection_reset": ("connection_reset", 3),
-    "connection_refused": ("connection_refused", 3),
-    "nccl_error": ("network_error", 3),
-}
-
-#: Kinds of findings that are single events: raised once, expired by the correlator.
-TRANSIENT_KINDS = {"process_exit", *(k for k, _ in EXCEPTION_KINDS.values())}
+#: The built-in detectors the engine runs, by registry name.
+BUILTIN = ("heartbeat_loss", "xid", "nic_congestion", "gpu_degradation", "process_exit", "exception_classifier",
+           "iteration_period", "hang", "fail_slow", "straggler")
+#: Events that drive a job's steps (and say the job's stream is alive).
+_STEP_EVENTS = ("iteration", "iteration_step", "collective")
 
 
 @dataclass(frozen=True)
 class EngineParams:
-    hang_k: float = 3.0
-    hang_warmup: int = 5
-    #: Floor of the hang timeout: transport jitter (batching, a loaded node) must not look like a hang
-    #: when iterations are far shorter than a second.
-    hang_min_timeout_s: float = 0.0
-    #: How often the windows of the sample-driven node detectors (XID, NIC, GPU) are aged.
+    #: Constructor arguments per detector name (the operator's settings); defaults are the detectors' own.
+    detectors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: How often the windows of the detectors that are not silence-driven (XID, NIC, GPU) are aged.
     window_tick_s: float = 1.0
     #: Hearing nothing at all (no data, no broker answer) for this long means the worker, not the
     #: cluster, went deaf: silences then count from when it hears again.
     deaf_after_s: float = 2.0
-    heartbeat_missed_intervals: float = 2.5
-    #: Events older than this (against the worker's clock) do not start tracking a
-    #: subject: a new consumer group reading an old log must not report every node
-    #: that left the cluster long ago as lost.
+    #: Events older than this (against the worker's clock) do not start tracking a subject: a new
+    #: consumer group reading an old log must not report every node that left long ago as lost.
     max_event_age_s: float = 300.0
-    #: Events stamped further ahead of the worker's clock than this are refused
-    #: (a node with a broken clock must not hold a subject "alive" for hours).
+    #: Events stamped further ahead of the worker's clock than this are refused (a node with a
+    #: broken clock must not hold a subject "alive" for hours).
     max_future_s: float = 60.0
-    #: Detector plugins (see :mod:`vigil.streams.plugins`): fed the events they consume.
+    #: Detector plugins (see :mod:`vigil.streams.plugins`), run beside the built-ins.
     plugins: tuple[type[Detector], ...] = ()
+    #: The built-in detectors to run.
+    builtins: tuple[str, ...] = BUILTIN
 
 
-@dataclass
-class _JobState:
-    hang: HangDetector
-    failslow: BOCDVerify
-    straggler: StragglerLocalizer
-    period: IterationPeriod
-    nodes: set[str] = field(default_factory=set)
-    last_step: tuple[int, float] | None = None
-    step_records: list[IterationTiming] = field(default_factory=list)
-    # per step: (end, max compute over ranks, min communication over ranks)
-    split: list[tuple[float, float, float]] = field(default_factory=list)
-    cluster: str = "default"
-    last_arrival: float = float("-inf")
-    steps_closed: int = 0
+class _Key:
+    """One job or node: its detectors (made on first input), and what the engine knows of it."""
 
+    __slots__ = ("per", "name", "cluster", "detectors", "last_arrival", "nodes", "steps", "engine")
 
-@dataclass
-class _NodeState:
-    heartbeat: HeartbeatLoss | None = None
-    xid: XidDetector | None = None
-    nic: NicCongestion | None = None
-    gpu: GpuDegradation | None = None
-    cluster: str = "default"
-    last_arrival: float = float("-inf")
+    def __init__(self, per: str, name: str, cluster: str, engine: "DetectionEngine") -> None:
+        self.per = per
+        self.name = name
+        self.cluster = cluster
+        self.detectors: dict[str, Detector] = {}
+        self.last_arrival = float("-inf")
+        self.nodes: set[str] = set()  # a job's nodes
+        self.steps = StepAssembler() if per == "job" else None
+        self.engine = engine
+
+    @property
+    def key(self) -> str:
+        return self.name
+
+    @property
+    def raised(self) -> frozenset[str]:
+        """Kinds currently raised for this key (the context a detector may consult)."""
+        owner = f"{self.per}:{self.name}"
+        reported = self.engine._reported
+        return frozenset(f.kind for d in self.detectors for f in reported.get((owner, d), {}).values())
 
 
 class DetectionEngine:
@@ -110,24 +103,30 @@ class DetectionEngine:
 
     def __init__(self, params: EngineParams = EngineParams()) -> None:
         self.params = params
-        self._windows_ticked_at: float | None = None
-        # The feed's own pulse: when the worker last heard anything, and when it heard again
-        # after hearing nothing for deaf_after_s (its broker or its link was down, or it was
-        # rebalancing: that silence was the worker's, not the cluster's).
-        self._last_heard = float("-inf")
-        self._feed_back_at = float("-inf")
-        self.jobs: dict[str, _JobState] = {}
-        self.nodes: dict[str, _NodeState] = {}
+        classes = [REGISTRY[name] for name in params.builtins] + list(params.plugins)
+        #: (per, input) -> detector classes consuming it
+        self._routes: dict[tuple[str, str], list[type[Detector]]] = {}
+        for cls in classes:
+            for item in cls.consumes:
+                self._routes.setdefault((cls.per, item), []).append(cls)  # type: ignore[arg-type]
+        #: event type -> the keys it is routed by ("job", "node")
+        self._pers: dict[str, tuple[str, ...]] = {}
+        for (per, item) in self._routes:
+            self._pers[item] = tuple(sorted({*self._pers.get(item, ()), per}))
+        for item in _STEP_EVENTS:
+            self._pers[item] = tuple(sorted({*self._pers.get(item, ()), "job"}))
+        #: event types whose arrival says a node's stream is alive (those its silence detectors consume)
+        self._node_liveness = {i for (per, i), cs in self._routes.items() if per == "node" and any(c.silence for c in cs)}
+        self.jobs: dict[str, _Key] = {}
+        self.nodes: dict[str, _Key] = {}
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
         self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
-        # plugin instances: (plugin name, "job"|"node", key) -> detector
-        self.plugin_instances: dict[tuple[str, str, str], Detector] = {}
-        # Recently seen event ids: a duplicated event is processed once.
         self._seen_ids: OrderedDict[uuid.UUID, None] = OrderedDict()
-        self._plugins_for: dict[str, list[type[Detector]]] = {}
-        for cls in params.plugins:
-            for event_type in cls.consumes:  # type: ignore[attr-defined]
-                self._plugins_for.setdefault(event_type, []).append(cls)
+        self._windows_ticked_at: float | None = None
+        # The feed's own pulse: when the worker last heard anything, and when it heard again after
+        # hearing nothing for deaf_after_s (its broker or link was down, or it was rebalancing).
+        self._last_heard = float("-inf")
+        self._feed_back_at = float("-inf")
 
     # -- inputs ------------------------------------------------------------
     def future(self, event: Envelope, now: float) -> bool:
@@ -153,6 +152,103 @@ class DetectionEngine:
         self._feed_back_at = max(self._feed_back_at, now)
         self._last_heard = max(self._last_heard, now)
 
+    def on_events(self, events: Iterable[Envelope], now: float) -> list[DetectorFinding]:
+        """Feed one message's events; return the findings they raise or clear.
+
+        Duplicated event ids and events from the future are skipped here.
+        """
+        events = events if isinstance(events, list) else list(events)
+        if events:
+            self.heard(now)
+        out: list[DetectorFinding] = []
+        batches: dict[tuple[str, str, str], list[Envelope]] = {}
+        for event in events:
+            if event.event_id in self._seen_ids or self.future(event, now):
+                continue
+            self._seen_ids[event.event_id] = None
+            if len(self._seen_ids) > 200_000:
+                self._seen_ids.popitem(last=False)
+            etype: str = event.event_type  # type: ignore[attr-defined]
+            for per in self._pers.get(etype, ()):
+                name = getattr(event.source, per)
+                if name is None:
+                    continue
+                out += self._route(per, name, etype, event, now, batches)
+        for (per, name, det_name), items in batches.items():
+            key = self._keys(per)[name]
+            det = key.detectors[det_name]
+            det.observe_batch(items, t=max(to_seconds(e.event_time) for e in items), context=key)
+            out += self._diff(key, det, now)
+        return out
+
+    def _keys(self, per: str) -> dict[str, _Key]:
+        return self.jobs if per == "job" else self.nodes
+
+    def _route(self, per: str, name: str, etype: str, event: Envelope, now: float,
+               batches: dict[tuple[str, str, str], list[Envelope]]) -> list[DetectorFinding]:
+        keys = self._keys(per)
+        key = keys.get(name)
+        stale = now - to_seconds(event.event_time) > self.params.max_event_age_s
+        out: list[DetectorFinding] = []
+        if per == "job" and etype in _STEP_EVENTS:
+            if key is None and stale and etype != "collective":
+                return out  # an old log's job: not tracked
+            key = key or self._new_key(per, name, event.source.cluster)
+            key.last_arrival = now
+            if isinstance(event, IterationStep):
+                key.nodes.update(event.nodes)
+            elif event.source.node:
+                key.nodes.add(event.source.node)
+            if isinstance(event, IterationTiming):
+                out += self._derived(key, key.steps.on_iteration(event), now)  # type: ignore[union-attr]
+            elif isinstance(event, IterationStep):
+                out += self._derived(key, key.steps.on_step(event), now)  # type: ignore[union-attr]
+        elif per == "node" and etype in self._node_liveness:
+            if key is None and stale:
+                return out  # an old log's node: not tracked
+            key = key or self._new_key(per, name, event.source.cluster)
+            key.last_arrival = now
+        for cls in self._routes.get((per, etype), ()):
+            key = key or self._new_key(per, name, event.source.cluster)
+            det = key.detectors.get(cls.name)
+            if det is None:
+                if cls.silence and stale:
+                    continue
+                det = key.detectors[cls.name] = cls.for_key(name, **self.params.detectors.get(cls.name, {}))
+            if cls.batch:
+                batches.setdefault((per, name, cls.name), []).append(event)
+                continue
+            det.observe(event, t=to_seconds(event.event_time), context=key)
+            out += self._diff(key, det, now)
+            emitted = det.emitted()
+            if emitted and key.steps is not None:  # progress inferred from the collective period
+                for item in emitted:
+                    out += self._derived(key, key.steps.on_inferred(item), now)
+        return out
+
+    def _derived(self, key: _Key, items: list[Any], now: float) -> list[DetectorFinding]:
+        """Feed derived inputs (progress, rank timings) to the key's consumers of them, in order."""
+        out: list[DetectorFinding] = []
+        for item in items:
+            kind = PROGRESS if not hasattr(item, "ranks") else RANK_TIMINGS
+            for cls in self._routes.get((key.per, kind), ()):
+                det = key.detectors.get(cls.name)
+                if det is None:
+                    det = key.detectors[cls.name] = cls.for_key(key.name, **self.params.detectors.get(cls.name, {}))
+                det.observe(item, t=item.end, context=key)
+                out += self._diff(key, det, now)
+        return out
+
+    def _new_key(self, per: str, name: str, cluster: str) -> _Key:
+        key = self._keys(per)[name] = _Key(per, name, cluster, self)
+        return key
+
+    def detector(self, per: str, name: str, detector: str) -> Detector | None:
+        """The instance of ``detector`` for job or node ``name``, if it exists."""
+        key = self._keys(per).get(name)
+        return key.detectors.get(detector) if key is not None else None
+
+    # -- timers ------------------------------------------------------------
     def _silent(self, last_arrival: float, timeout_s: float, now: float, alone: bool) -> bool:
         """Has this subject been silent past its timeout, as far as the worker can tell?
 
@@ -167,308 +263,6 @@ class DetectionEngine:
             return False
         return alone or self._last_heard - since > timeout_s
 
-    def on_events(self, events: Iterable[Envelope], now: float) -> list[DetectorFinding]:
-        """Feed one message's events; return the findings they raise or clear.
-
-        Duplicated event ids and events from the future are skipped here.
-        """
-        events = events if isinstance(events, list) else list(events)
-        if events:
-            self.heard(now)
-        out: list[DetectorFinding] = []
-        gpu_samples: dict[str, list[GpuTelemetry]] = {}
-        for event in events:
-            if event.event_id in self._seen_ids or self.future(event, now):
-                continue
-            self._seen_ids[event.event_id] = None
-            if len(self._seen_ids) > 200_000:
-                self._seen_ids.popitem(last=False)
-            if self._plugins_for:
-                out += self._on_plugins(event, now)
-            if isinstance(event, GpuTelemetry):
-                if event.source.node:
-                    gpu_samples.setdefault(event.source.node, []).append(event)
-            else:
-                out += self.on_event(event, now)
-        for node, samples in gpu_samples.items():
-            out += self._on_gpu(node, samples, now)
-        return out
-
-    def _on_plugins(self, event: Envelope, now: float) -> list[DetectorFinding]:
-        out: list[DetectorFinding] = []
-        for cls in self._plugins_for.get(event.event_type, ()):  # type: ignore[attr-defined]
-            per = cls.per  # type: ignore[attr-defined]
-            key = getattr(event.source, per)
-            if key is None:
-                continue
-            det = self.plugin_instances.get((cls.name, per, key))
-            if det is None:
-                det = self.plugin_instances[(cls.name, per, key)] = cls()
-            det.update(event, t=to_seconds(event.event_time))
-            out += self._diff_plugin(per, key, det, event.source.cluster, now)
-        return out
-
-    def _diff_plugin(self, per: str, key: str, det: Detector, cluster: str, now: float) -> list[DetectorFinding]:
-        if per == "node":
-            self._node(key, cluster)
-            return self._diff_node(key, det, now)
-        return self._diff_job(key, self._job(key, cluster), det, now)
-
-    def on_event(self, event: Envelope, now: float) -> list[DetectorFinding]:
-        if isinstance(event, Heartbeat):
-            return self._on_heartbeat(event, now)
-        if isinstance(event, IterationStep):
-            return self._on_step(event, now)
-        if isinstance(event, IterationTiming):
-            return self._on_iteration(event, now)
-        if isinstance(event, CollectiveCall):
-            return self._on_collective(event, now)
-        if isinstance(event, XidError):
-            return self._on_xid(event, now)
-        if isinstance(event, NicCounters):
-            return self._on_nic(event, now)
-        if isinstance(event, GpuTelemetry) and event.source.node:
-            return self._on_gpu(event.source.node, [event], now)
-        if isinstance(event, ProcessExit):
-            return self._on_exit(event)
-        if isinstance(event, TrainingException):
-            return self._on_exception(event)
-        return []
-
-    def _stale(self, event_time: float, now: float) -> bool:
-        return now - event_time > self.params.max_event_age_s
-
-    def _node(self, node: str, cluster: str) -> _NodeState:
-        state = self.nodes.get(node)
-        if state is None:
-            state = self.nodes[node] = _NodeState(cluster=cluster)
-        return state
-
-    def _on_heartbeat(self, hb: Heartbeat, now: float) -> list[DetectorFinding]:
-        node = hb.source.node
-        if node is None:
-            return []
-        t = to_seconds(hb.event_time)
-        state = self.nodes.get(node)
-        if state is None or state.heartbeat is None:
-            if self._stale(t, now):
-                return []
-            state = self._node(node, hb.source.cluster)
-            state.heartbeat = HeartbeatLoss(missed_intervals=self.params.heartbeat_missed_intervals,
-                                            interval_s=hb.interval_s)
-        state.last_arrival = now
-        state.heartbeat.update(t=t, interval_s=hb.interval_s, seq=hb.seq)
-        return self._diff_node(node, state.heartbeat, now)
-
-    def _on_xid(self, ev: XidError, now: float) -> list[DetectorFinding]:
-        node = ev.source.node
-        if node is None:
-            return []
-        state = self._node(node, ev.source.cluster)
-        if state.xid is None:
-            state.xid = XidDetector(node=node)
-        gpu: str | int | None = ev.pci_bus_id if ev.pci_bus_id else ev.source.gpu
-        state.xid.update(ev.code, gpu, t=to_seconds(ev.event_time), message=ev.message)
-        return self._diff_node(node, state.xid, now)
-
-    def _on_nic(self, ev: NicCounters, now: float) -> list[DetectorFinding]:
-        node = ev.source.node
-        if node is None:
-            return []
-        state = self._node(node, ev.source.cluster)
-        if state.nic is None:
-            state.nic = NicCongestion(node=node)
-        state.nic.update(ev.counters, t=to_seconds(ev.event_time), port=f"{ev.device}:{ev.port}")
-        return self._diff_node(node, state.nic, now)
-
-    def _on_gpu(self, node: str, samples: list[GpuTelemetry], now: float) -> list[DetectorFinding]:
-        state = self._node(node, samples[0].source.cluster)
-        if state.gpu is None:
-            state.gpu = GpuDegradation(node=node)
-        readings: dict[Any, dict[str, Any]] = {}
-        for s in samples:
-            if s.source.gpu is None:
-                continue
-            readings[s.source.gpu] = {
-                k: v for k, v in (("sm_clock", s.sm_clock_mhz), ("temperature", s.temperature_c),
-                                  ("power", s.power_w), ("utilization", s.utilization_pct),
-                                  ("throttle_reasons", s.throttle_reasons), ("ecc_sbe", s.ecc_sbe),
-                                  ("ecc_dbe", s.ecc_dbe)) if v is not None
-            }
-            if s.nvlink_errors:
-                readings[s.source.gpu]["nvlink_errors"] = sum(s.nvlink_errors.values())
-        if readings:
-            state.gpu.update(readings, t=max(to_seconds(s.event_time) for s in samples))
-        return self._diff_node(node, state.gpu, now)
-
-    def _on_exit(self, ev: ProcessExit) -> list[DetectorFinding]:
-        if ev.signal is None and ev.exit_code == 0:
-            return []  # a clean exit is the end of a job, not a failure
-        subject = Subject(job=ev.source.job, node=ev.source.node, rank=ev.source.rank)
-        evidence = {"pid": ev.pid, "exit_code": ev.exit_code, "signal": ev.signal, "local_rank": ev.local_rank}
-        return [self._finding("raised", "process_exit", 2, subject, to_seconds(ev.event_time), "process_exit", "1",
-                              evidence, ev.source.cluster, self._job_nodes(ev.source.job))]
-
-    def _on_exception(self, ev: TrainingException) -> list[DetectorFinding]:
-        kind, severity = EXCEPTION_KINDS[ev.category.value]
-        subject = Subject(job=ev.source.job, node=ev.source.node, rank=ev.source.rank)
-        evidence = {"category": ev.category.value, "exc_type": ev.exc_type, "message": ev.message[:500]}
-        return [self._finding("raised", kind, severity, subject, to_seconds(ev.event_time), "exception_classifier",
-                              "1", evidence, ev.source.cluster, self._job_nodes(ev.source.job))]
-
-    def _job_nodes(self, job: str | None) -> list[str]:
-        state = self.jobs.get(job) if job else None
-        return sorted(state.nodes) if state else []
-
-    def _job(self, job: str, cluster: str) -> _JobState:
-        state = self.jobs.get(job)
-        if state is None:
-            state = self.jobs[job] = _JobState(
-                hang=HangDetector(k=self.params.hang_k, warmup=self.params.hang_warmup,
-                                  min_timeout_s=self.params.hang_min_timeout_s),
-                failslow=BOCDVerify(), straggler=StragglerLocalizer(), period=IterationPeriod(), cluster=cluster)
-        return state
-
-    def _on_iteration(self, it: IterationTiming, now: float) -> list[DetectorFinding]:
-        """One rank's record of a step; the step is localized once a later one begins."""
-        job = it.source.job
-        if job is None:
-            return []
-        state = self._job_for(job, it.source.cluster, to_seconds(it.end), now)
-        if state is None:
-            return []
-        if it.source.node:
-            state.nodes.add(it.source.node)
-        if state.last_step is not None and it.step == state.last_step[0]:
-            state.step_records.append(it)
-            return []
-        closing = state.step_records
-        out = self._progress(job, state, it.step, to_seconds(it.end), it.duration_s, now)
-        if out is None:
-            return []
-        state.step_records = [it]
-        ranks = [r for r in closing if r.compute_s is not None and r.communication_s is not None]
-        if ranks:
-            out += self._localize(
-                job, state, to_seconds(ranks[0].end),
-                [r.source.rank if r.source.rank is not None else i for i, r in enumerate(ranks)],
-                [r.compute_s for r in ranks], [r.communication_s for r in ranks],  # type: ignore[misc]
-                [r.dp or 0 for r in ranks], [r.pp or 0 for r in ranks], [r.tp or 0 for r in ranks],
-                {r.source.rank: (r.source.node, r.source.gpu) for r in ranks}, now)
-        return out
-
-    def _on_step(self, st: IterationStep, now: float) -> list[DetectorFinding]:
-        """A whole step in columns: progress and localization at once."""
-        job = st.source.job
-        if job is None:
-            return []
-        end = to_seconds(st.end)
-        state = self._job_for(job, st.source.cluster, end, now)
-        if state is None:
-            return []
-        state.nodes.update(st.nodes)
-        out = self._progress(job, state, st.step, end, st.duration_s, now)
-        if out is None:
-            return []
-        where = lambda: {r: (n, g) for r, n, g in zip(st.ranks, st.nodes, st.gpus)}
-        return out + self._localize(job, state, end, st.ranks, st.compute_s, st.communication_s, st.dp, st.pp,
-                                    st.tp, where, now)
-
-    def _job_for(self, job: str, cluster: str, end: float, now: float) -> _JobState | None:
-        state = self.jobs.get(job)
-        if state is None and self._stale(end, now):
-            return None
-        state = self._job(job, cluster)
-        state.last_arrival = now
-        return state
-
-    def _progress(self, job: str, state: _JobState, step: int, end: float, duration: float,
-                  now: float) -> list[DetectorFinding] | None:
-        """A new step ended: feed hang and fail-slow. None when it is not new.
-
-        The job progressed when another step ends later than the last one did.
-        Step numbers may go back (a restart from a checkpoint); old events
-        (redelivered, late ranks) end earlier.
-        """
-        last = state.last_step
-        if last is not None and (step == last[0] or end <= last[1]):
-            return None
-        state.last_step = (step, end)
-        if duration > 0:
-            state.hang.update(duration, t=end)
-            state.failslow.update(duration, t=end)
-        out = self._diff_job(job, state, state.hang, now)
-        out += self._diff_job(job, state, state.failslow, now,
-                              enrich=lambda f, e: self._failslow_class(state, f, e))
-        return out
-
-    def _localize(self, job: str, state: _JobState, end: float, ranks: list[int], compute: list[float],
-                  comm: list[float], dp: list[int], pp: list[int], tp: list[int],
-                  where: Any, now: float) -> list[DetectorFinding]:
-        """Record the step's compute/communication split; localize the straggler when it pays."""
-        state.split.append((end, max(compute), min(comm)))
-        del state.split[:-512]
-        # Localizing costs far more than detecting: do it on every step while the
-        # job is slow, and on every 16th otherwise (persistent stragglers).
-        state.steps_closed += 1
-        if state.failslow.finding is None and state.straggler.finding is None and state.steps_closed % 16:
-            return []
-        per_rank = [{"rank": r, "dp": d, "pp": p, "tp": t, "compute": c, "comm": m}
-                    for r, c, m, d, p, t in zip(ranks, compute, comm, dp, pp, tp)]
-        state.straggler.update(per_rank, t=end)
-        placement = where() if callable(where) else where
-
-        def enrich(finding: Finding, evidence: dict) -> None:
-            loc = finding.evidence.get("location")
-            if isinstance(loc, (list, tuple)) and len(loc) == 2 and loc[0] == "rank" and loc[1] in placement:
-                evidence["node"], evidence["gpu"] = placement[loc[1]]
-        return self._diff_job(job, state, state.straggler, now, enrich=enrich)
-
-    @staticmethod
-    def _failslow_class(state: _JobState, finding: Finding, evidence: dict) -> None:
-        """Computation or communication: which part of the step grew.
-
-        In a synchronous job a slow GPU makes its rank compute longer (the
-        slowest rank's compute grows); a slow link makes every rank's
-        communication longer, even the one that waits least.
-        """
-        state_split = state.split
-        onset = finding.onset
-        before = [x for x in state_split if x[0] < onset][-50:]
-        after = [x for x in state_split if x[0] >= onset]
-        if len(before) < 3 or len(after) < 2:
-            return
-        d_compute = float(np.median([a[1] for a in after]) - np.median([b[1] for b in before]))
-        d_comm = float(np.median([a[2] for a in after]) - np.median([b[2] for b in before]))
-        evidence["slowdown_class"] = "computation" if d_compute >= d_comm else "communication"
-        evidence["delta_compute_s"] = round(d_compute, 6)
-        evidence["delta_communication_s"] = round(d_comm, 6)
-
-    def _on_collective(self, call: CollectiveCall, now: float) -> list[DetectorFinding]:
-        job = call.source.job
-        if job is None:
-            return []
-        state = self._job(job, call.source.cluster)
-        state.last_arrival = now
-        if call.source.node:
-            state.nodes.add(call.source.node)
-        # Only rank 0's calls: every rank makes the same sequence.
-        if call.source.rank not in (None, 0):
-            return []
-        t = to_seconds(call.end)
-        state.period.update(call.op.value, call.group, t=t)
-        if state.last_step is None or state.last_step[0] < 0:
-            # No iteration events from this job: the ACF period is its heartbeat.
-            iteration_s = state.period.iteration_time
-            if iteration_s is not None and iteration_s > 0:
-                last_t = state.last_step[1] if state.last_step else None
-                if last_t is None or t - last_t >= iteration_s:
-                    state.last_step = (-1, t)
-                    state.hang.update(iteration_s, t=t)
-                    state.failslow.update(iteration_s, t=t)
-        return self._diff_job(job, state, state.period, now)
-
-    # -- timers ------------------------------------------------------------
     def tick(self, now: float) -> list[DetectorFinding]:
         """Advance every timer to ``now``; return what that raises or clears.
 
@@ -479,110 +273,124 @@ class DetectionEngine:
         in the cluster. Onsets stay in event time.
         """
         out: list[DetectorFinding] = []
-        # XID, NIC and GPU findings change on their samples; a tick only ages their windows
-        # (holds of minutes), so once a second is enough: at 10 Hz over thousands of nodes it
-        # would cost more than the telemetry itself.
+        # Windows change on their samples; a tick only ages them (holds of minutes), so once a second
+        # is enough: at 10 Hz over thousands of nodes it would cost more than the telemetry itself.
         windows = self._windows_ticked_at is None or now - self._windows_ticked_at >= self.params.window_tick_s
         if windows:
             self._windows_ticked_at = now
         alone = len(self.nodes) + len(self.jobs) <= 1
-        for node, state in self.nodes.items():
-            for det in (state.heartbeat, state.xid, state.nic, state.gpu) if windows else (state.heartbeat,):
-                if det is None:
-                    continue
-                if det is state.heartbeat and not self._silent(state.last_arrival, det.timeout_s, now, alone):
-                    continue
-                det.tick(now)
-                out += self._diff_node(node, det, now)
-        for job, state in self.jobs.items():
-            if not self._silent(state.last_arrival, state.hang.timeout_s, now, alone):
-                continue
-            state.hang.tick(now)
-            out += self._diff_job(job, state, state.hang, now)
-        for (_name, per, key), det in self.plugin_instances.items():
-            det.tick(now)
-            cluster = (self.nodes[key].cluster if per == "node" and key in self.nodes else
-                       self.jobs[key].cluster if per == "job" and key in self.jobs else "default")
-            out += self._diff_plugin(per, key, det, cluster, now)
+        for keys in (self.nodes, self.jobs):
+            for key in keys.values():
+                for det in key.detectors.values():
+                    if type(det).tick is Detector.tick:
+                        continue  # no timer: nothing a tick could change
+                    if det.silence:
+                        if not self._silent(key.last_arrival, det.timeout_s, now, alone):  # type: ignore[attr-defined]
+                            continue
+                    elif not windows:
+                        continue
+                    det.tick(now)
+                    out += self._diff(key, det, now)
         return out
 
+    # -- lifecycle ---------------------------------------------------------
     def forget(self, nodes: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
         """Drop the state of subjects whose partitions moved to another worker."""
-        for node in nodes:
-            self.nodes.pop(node, None)
-            for k in [k for k in self.plugin_instances if k[1:] == ("node", node)]:
-                del self.plugin_instances[k]
-            for key in [k for k in self._reported if k[0] == f"node:{node}"]:
-                del self._reported[key]
-        for job in jobs:
-            self.jobs.pop(job, None)
-            for k in [k for k in self.plugin_instances if k[1:] == ("job", job)]:
-                del self.plugin_instances[k]
-            for key in [k for k in self._reported if k[0] == f"job:{job}"]:
-                del self._reported[key]
+        for per, names in (("node", nodes), ("job", jobs)):
+            for name in names:
+                self._keys(per).pop(name, None)
+                for k in [k for k in self._reported if k[0] == f"{per}:{name}"]:
+                    del self._reported[k]
+
+    def end_job(self, job: str, now: float) -> list[DetectorFinding]:
+        """The job ended (finished, cancelled, requeued): its findings clear and its state goes."""
+        return self._end("job", job, now)
+
+    def end_node(self, node: str, now: float) -> list[DetectorFinding]:
+        """The node left cleanly (shut down, drained, in maintenance): its findings clear, its state goes."""
+        return self._end("node", node, now)
+
+    def _end(self, per: str, name: str, now: float) -> list[DetectorFinding]:
+        key = self._keys(per).pop(name, None)
+        out: list[DetectorFinding] = []
+        owner = f"{per}:{name}"
+        for k in [k for k in self._reported if k[0] == owner]:
+            for raised in self._reported.pop(k).values():
+                out.append(self._cleared(raised, key.cluster if key else raised.source.cluster, now))
+        return out
 
     # -- diffing -----------------------------------------------------------
-    def _diff_node(self, node: str, det: Detector, now: float) -> list[DetectorFinding]:
-        state = self.nodes[node]
-
-        def subject(f: Finding) -> Subject:
-            ev = f.evidence
-            gpu = ev.get("gpu")
-            port = ev.get("port")
-            # GPU detectors name a GPU by index (maybe as text); XIDs by PCI bus id.
-            index = int(gpu) if isinstance(gpu, int) or (isinstance(gpu, str) and gpu.isdigit()) else None
-            return Subject(node=node, gpu=index, link=f"{node}/{port}" if port is not None else None)
-
-        def jobs_here(f: Finding, evidence: dict) -> None:
-            # What a node's failure takes down: the decision engine acts on these jobs.
-            jobs = sorted(j for j, s in self.jobs.items() if node in s.nodes)
-            if jobs:
-                evidence["jobs"] = jobs
-
-        return self._diff(f"node:{node}", det, subject, state.cluster, [], now, jobs_here)
-
-    def _diff_job(self, job: str, state: _JobState, det: Detector, now: float,
-                  enrich: Callable[[Finding, dict], None] | None = None) -> list[DetectorFinding]:
-        return self._diff(f"job:{job}", det, lambda f: Subject(job=job), state.cluster, sorted(state.nodes), now,
-                          enrich)
-
-    def _diff(self, owner: str, det: Detector, subject_of: Callable[[Finding], Subject], cluster: str,
-              job_nodes: list[str], now: float, enrich: Callable[[Finding, dict], None] | None) -> list[DetectorFinding]:
-        current = list(getattr(det, "findings", None) or ([det.finding] if det.finding is not None else []))
-        reported = self._reported.setdefault((owner, det.name), {})
+    def _diff(self, key: _Key, det: Detector, now: float) -> list[DetectorFinding]:
+        findings = getattr(det, "findings", None)
+        current: list[Finding] = list(findings) if findings is not None else \
+            ([det.finding] if det.finding is not None else [])
+        owner = f"{key.per}:{key.name}"
+        if det.transient:
+            return [self._raised(key, det, f) for f in current]
+        reported = self._reported.get((owner, det.name))
+        if not current and not reported:
+            return []
+        if reported is None:
+            reported = self._reported[(owner, det.name)] = {}
         out: list[DetectorFinding] = []
         seen: set[str] = set()
         for f in current:
-            subject = subject_of(f)
-            key = f"{f.kind}|{subject_key(subject)}|{f.onset:.6f}"
-            seen.add(key)
-            if key in reported:
+            subject = self._subject(key, f)
+            fkey = f"{f.kind}|{subject_key(subject)}|{f.onset:.6f}"
+            seen.add(fkey)
+            if fkey in reported:
                 continue
-            evidence = dict(f.evidence)
-            if enrich is not None:
-                enrich(f, evidence)
-            df = self._finding("raised", f.kind, f.severity, subject, f.onset, det.name, det.version, evidence,
-                               cluster, job_nodes, detected_at=f.detected_at)
-            reported[key] = df
+            df = reported[fkey] = self._raised(key, det, f, subject)
             out.append(df)
-        for key in [k for k in reported if k not in seen]:
-            raised = reported.pop(key)
-            out.append(self._finding("cleared", raised.kind, raised.severity, raised.subject,
-                                     to_seconds(raised.onset_time), raised.detector, raised.detector_version,
-                                     raised.evidence, cluster, raised.job_nodes, detected_at=now))
+        for fkey in [k for k in reported if k not in seen]:
+            out.append(self._cleared(reported.pop(fkey), key.cluster, now))
         return out
 
     @staticmethod
+    def _subject(key: _Key, f: Finding) -> Subject:
+        if f.subject is not None:
+            return Subject(**{k: v for k, v in f.subject.items() if v is not None})
+        if key.per == "job":
+            return Subject(job=key.name)
+        ev = f.evidence
+        gpu, port = ev.get("gpu"), ev.get("port")
+        # GPU detectors name a GPU by index (maybe as text); XIDs by PCI bus id.
+        index = int(gpu) if isinstance(gpu, int) or (isinstance(gpu, str) and gpu.isdigit()) else None
+        return Subject(node=key.name, gpu=index, link=f"{key.name}/{port}" if port is not None else None)
+
+    def _raised(self, key: _Key, det: Detector, f: Finding, subject: Subject | None = None) -> DetectorFinding:
+        subject = subject or self._subject(key, f)
+        job = self.jobs.get(subject.job) if subject.job else None
+        node = subject.node if key.per == "node" and subject.job is None else None
+        # What a node's failure takes down: the decision engine acts on these jobs.
+        affected = sorted(j for j, s in self.jobs.items() if node in s.nodes) if node else []
+        return self._finding("raised", f.kind, f.severity, subject, f.onset, det.name, det.version, f.evidence,
+                             key.cluster, sorted(job.nodes) if job else [], f.detected_at, affected,
+                             _with_job(f.slowdown, subject.job))
+
+    def _cleared(self, raised: DetectorFinding, cluster: str, now: float) -> DetectorFinding:
+        return self._finding("cleared", raised.kind, raised.severity, raised.subject, to_seconds(raised.onset_time),
+                             raised.detector, raised.detector_version, raised.evidence, cluster, raised.job_nodes, now,
+                             raised.affected_jobs, raised.slowdown)
+
+    @staticmethod
     def _finding(status: str, kind: str, severity: int, subject: Subject, onset: float, detector: str,
-                 version: str, evidence: dict, cluster: str, job_nodes: list[str],
-                 detected_at: float | None = None) -> DetectorFinding:
+                 version: str, evidence: dict, cluster: str, job_nodes: list[str], detected_at: float | None,
+                 affected_jobs: list[str], slowdown: Any) -> DetectorFinding:
         at = onset if detected_at is None else detected_at
         return DetectorFinding(
             event_id=uuid.uuid5(_FINDING_NS, f"{status}|{kind}|{subject_key(subject)}|{onset:.6f}"),
             event_time=from_seconds(at), source=Source(cluster=cluster), status=status, kind=kind,  # type: ignore[arg-type]
             severity=severity, subject=subject, onset_time=from_seconds(onset), detector=detector,
-            detector_version=version, job_nodes=job_nodes, evidence=_plain(evidence),
+            detector_version=version, job_nodes=job_nodes, affected_jobs=affected_jobs, slowdown=slowdown,
+            evidence=_plain(evidence),
         )
+
+
+def _with_job(slowdown: Any, job: str | None) -> Any:
+    if slowdown is None or job is None or slowdown.job is not None:
+        return slowdown
+    return slowdown.model_copy(update={"job": job})
 
 
 def _plain(value: Any) -> Any:

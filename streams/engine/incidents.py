@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from vigil.schemas import Alert, DetectorFinding, Source, Subject, from_seconds, to_seconds
+from vigil.schemas import Alert, DetectorFinding, Slowdown, Source, Subject, from_seconds, to_seconds
 
 _INCIDENT_NS = uuid.UUID("0b6c1a52-8f0e-4a43-9d4b-6b8f3e1f2a90")
 MAX_EVIDENCE = 100
@@ -75,11 +75,12 @@ def explains(cause: DetectorFinding, symptom: DetectorFinding) -> bool:
     if c in GPU_CAUSES:
         if s not in ("fail_slow", "straggler") or not _on_job_node(symptom, node):
             return False
-        return symptom.evidence.get("slowdown_class", "computation") == "computation" and \
-            symptom.evidence.get("node", node) == node
+        slow = symptom.slowdown
+        return slow is None or (slow.slowdown_class in (None, "computation") and slow.node in (None, node))
     if c in LINK_CAUSES:
+        slow = symptom.slowdown
         return s in ("fail_slow", "straggler") and _on_job_node(symptom, node) and \
-            symptom.evidence.get("slowdown_class", "communication") == "communication"
+            (slow is None or slow.slowdown_class in (None, "communication"))
     if c == "xid" and cause.severity <= 2:
         return s in CRASHES | {"task_hang"} and symptom.subject.node == node
     if c in CRASHES:
@@ -273,4 +274,28 @@ class Correlator:
             evidence_count=inc.evidence_count,
             detector=root.detector,
             detector_version=root.detector_version,
+            jobs=_jobs(inc),
+            slowdowns=_slowdowns(inc),
         )
+
+
+def _jobs(inc: Incident) -> dict[str, list[str]]:
+    """The jobs an incident touches and the nodes each was seen on: its job findings' own
+    nodes, and the jobs that ran on the node of a node finding."""
+    jobs: dict[str, set[str]] = {}
+    for m in (inc.root, *inc.members.values()):
+        node = m.subject.node
+        if m.subject.job:
+            seen = jobs.setdefault(m.subject.job, set())
+            seen.update(m.job_nodes)
+            if node:
+                seen.add(node)
+        for job in m.affected_jobs:
+            jobs.setdefault(job, set()).update([node] if node else [])
+    return {job: sorted(nodes) for job, nodes in sorted(jobs.items())}
+
+
+def _slowdowns(inc: Incident) -> list[Slowdown]:
+    """The incident's fail-slows with their before and after levels, in the order they joined it."""
+    return [m.slowdown for m in inc.members.values() if m.kind == "fail_slow" and m.slowdown is not None
+            and m.slowdown.job and m.slowdown.before_s and m.slowdown.after_s]

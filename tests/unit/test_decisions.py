@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from vigil.schemas import ActionResult, Alert, Decision, DetectorFinding, JobState, NodeState, Source, Subject, from_seconds
+from vigil.schemas import ActionResult, Alert, Decision, DetectorFinding, JobState, NodeState, Slowdown, Source, Subject, \
+    from_seconds
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.escalation import Escalation
 from vigil.streams.engine.incidents import Correlator
@@ -14,11 +15,13 @@ from vigil.streams.engine.skirental import FailSlowMitigation
 
 
 def alert(kind: str, severity: int, *, job: str | None = "gpt", node: str | None = "n1", rank: int | None = None,
-          incident: uuid.UUID | None = None, status: str = "open", version: int = 1, evidence=None) -> Alert:
+          incident: uuid.UUID | None = None, status: str = "open", version: int = 1, jobs=None,
+          slowdowns=None) -> Alert:
     t = from_seconds(1_700_000_000)
     return Alert(event_time=t, source=Source(), incident_id=incident or uuid.uuid4(), incident_version=version,
                  status=status, severity=severity, kind=kind, subject=Subject(job=job, node=node, rank=rank),
-                 onset_time=t, detection_time=t, evidence=evidence or [], detector="test", detector_version="1")
+                 onset_time=t, detection_time=t, detector="test", detector_version="1", jobs=jobs or {},
+                 slowdowns=slowdowns or [])
 
 
 def result(decision: Decision, state: str, detail: str = "", at: float = 1_700_000_000) -> ActionResult:
@@ -45,9 +48,7 @@ def test_a_node_without_jobs_is_isolated_and_a_node_with_jobs_reconfigures_each_
     eng = DecisionEngine()
     (iso,) = eng.on_alert(alert("xid", 1, job=None, node="n7"), 0)
     assert iso.action == "isolate_node" and iso.target.node == "n7"
-    ev = [{"kind": "task_hang", "subject": {"job": "a", "node": "n3"}},
-          {"kind": "nccl_timeout", "subject": {"job": "b", "node": "n3", "rank": 2}}]
-    out = decisions(eng.on_alert(alert("node_lost", 1, job=None, node="n3", evidence=ev), 0))
+    out = decisions(eng.on_alert(alert("node_lost", 1, job=None, node="n3", jobs={"a": ["n3"], "b": ["n3"]}), 0))
     assert sorted((d.action, d.target.job, tuple(d.plan["exclude_nodes"])) for d in out) == [
         ("reconfigure", "a", ("n3",)), ("reconfigure", "b", ("n3",))]
 
@@ -149,8 +150,8 @@ def test_redelivery_and_updates_do_not_decide_twice_and_ids_are_deterministic():
 
 
 def failslow_alert(job: str, cls: str, before: float, after: float, incident: uuid.UUID | None = None) -> Alert:
-    return alert("fail_slow", 3, job=job, node=None, incident=incident, evidence=[
-        {"kind": "fail_slow", "subject": {"job": job}, "before": before, "after": after, "slowdown_class": cls}])
+    return alert("fail_slow", 3, job=job, node=None, incident=incident, jobs={job: []},
+                 slowdowns=[Slowdown(job=job, before_s=before, after_s=after, slowdown_class=cls)])
 
 
 def test_ski_rental_buys_each_strategy_when_the_slowdown_has_paid_for_it():

@@ -163,11 +163,11 @@ def test_restart_from_a_checkpoint_is_progress_not_a_hang():
     t = 100.0
     for step in range(100):
         t += 0.2
-        engine.on_event(_iteration("j", step, t), t)
+        engine.on_events([_iteration("j", step, t)], t)
         assert [f for f in engine.tick(t) if f.kind == "task_hang"] == []
     for step in range(90, 120):  # resumed from the checkpoint of step 90
         t += 0.2
-        engine.on_event(_iteration("j", step, t), t)
+        engine.on_events([_iteration("j", step, t)], t)
         assert [f for f in engine.tick(t) if f.kind == "task_hang"] == []
 
 
@@ -225,11 +225,11 @@ def test_duplicated_events_and_events_from_the_future_are_skipped():
     now = 1000.0
     beat = _beat("n", now, 0)
     assert engine.on_events([beat, beat], now) == []
-    assert engine.nodes["n"].heartbeat.last_seen == now
+    assert engine.detector("node", "n", "heartbeat_loss").last_seen == now
     future = _beat("n", now + 3600, 1)
     assert engine.future(future, now)
     engine.on_events([future], now)
-    assert engine.nodes["n"].heartbeat.last_seen == now  # an hour-ahead clock does not keep the node alive
+    assert engine.detector("node", "n", "heartbeat_loss").last_seen == now  # an hour-ahead clock does not keep the node alive
 
 
 @pytest.mark.parametrize("fault", [f for f in FAULTS if f.kind in ("hang", "node_loss", "gpu_slow", "congestion")],

@@ -30,6 +30,17 @@ def test_registry_names_match_classes():
     assert vigil.detectors.HangDetector.name in REGISTRY
 
 
+def test_engine_wiring_is_declared(detector_cls):
+    """What the engine feeds a detector and per what key is on its class (built-ins as plugins)."""
+    from vigil.detectors.inputs import PROGRESS, RANK_TIMINGS
+    from vigil.schemas import EVENT_TYPES
+
+    if not detector_cls.consumes:
+        return  # a library piece (a change-point core, a baseline): driven by another detector
+    assert detector_cls.per in ("job", "node")
+    assert set(detector_cls.consumes) <= set(EVENT_TYPES) | {PROGRESS, RANK_TIMINGS}
+
+
 def test_silent_during_warmup_on_healthy_input(detector_cls):
     det = detector_cls(**detector_cls._conformance_params())
     calls = list(detector_cls._conformance_feed(seed=1))

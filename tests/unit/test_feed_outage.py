@@ -29,7 +29,7 @@ def run(eng: DetectionEngine, start: float, end: float, nodes, raised: list, seq
 
 
 def test_a_broker_outage_is_not_a_cluster_wide_node_loss_but_a_real_loss_after_it_is():
-    eng = DetectionEngine(EngineParams(heartbeat_missed_intervals=2.5))
+    eng = DetectionEngine(EngineParams(detectors={"heartbeat_loss": {"missed_intervals": 2.5}}))
     raised: list[str] = []
     seq: dict = {}
     run(eng, T0, T0 + 10, ["a", "b", "c"], raised, seq)
@@ -49,7 +49,7 @@ def test_a_broker_outage_is_not_a_cluster_wide_node_loss_but_a_real_loss_after_i
 
 
 def test_a_lone_node_is_still_declared_lost():
-    eng = DetectionEngine(EngineParams(heartbeat_missed_intervals=2.5))
+    eng = DetectionEngine(EngineParams(detectors={"heartbeat_loss": {"missed_intervals": 2.5}}))
     raised: list[str] = []
     run(eng, T0, T0 + 10, ["solo"], raised, {})
     for k in range(40):
@@ -59,7 +59,7 @@ def test_a_lone_node_is_still_declared_lost():
 
 def test_the_broker_pulse_lets_a_worker_judge_nodes_it_hears_nothing_else_from():
     """A worker whose partitions hold only dying nodes hears no data: its broker contact says it is not deaf."""
-    eng = DetectionEngine(EngineParams(heartbeat_missed_intervals=2.5))
+    eng = DetectionEngine(EngineParams(detectors={"heartbeat_loss": {"missed_intervals": 2.5}}))
     raised: list[str] = []
     seq: dict = {}
     run(eng, T0, T0 + 10, ["a", "b"], raised, seq)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from vigil.schemas import DetectorFinding, Subject
+from vigil.schemas import DetectorFinding, Slowdown, Subject
 from vigil.streams.engine.detection import DetectionEngine
 from vigil.streams.engine.incidents import MAX_EVIDENCE, Correlator, explains
 
 
-def finding(kind, severity, subject, onset=10.0, status="raised", job_nodes=(), **evidence) -> DetectorFinding:
+def finding(kind, severity, subject, onset=10.0, status="raised", job_nodes=(), slowdown_class=None,
+            **evidence) -> DetectorFinding:
+    slowdown = Slowdown(job=subject.job, slowdown_class=slowdown_class) if slowdown_class else None
     return DetectionEngine._finding(status, kind, severity, subject, onset, "test", "1", evidence, "c",
-                                    list(job_nodes), detected_at=onset + 1)
+                                    list(job_nodes), onset + 1, [], slowdown)
 
 
 def test_a_thousand_ranks_timing_out_are_one_incident_with_a_thousand_pieces_of_evidence():

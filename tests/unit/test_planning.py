@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from vigil.schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds
+from vigil.schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds, Slowdown
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.planning import replan
 from vigil.streams.engine.skirental import FailSlowMitigation
@@ -22,8 +22,8 @@ def slow_alert(name: str, node: str, kind: str, cls: str) -> Alert:
     return Alert(event_time=T0, source=Source(), incident_id=uuid.uuid4(), incident_version=1, status="open", severity=3,
                  kind=kind, subject=Subject(node=node, gpu=0), onset_time=T0, detection_time=T0,
                  evidence=[{"kind": kind, "subject": {"node": node, "gpu": 0}},
-                           {"kind": "fail_slow", "subject": {"job": name}, "before": 1.0, "after": 2.0,
-                            "slowdown_class": cls}],
+                           {"kind": "fail_slow", "subject": {"job": name}}],
+                 jobs={name: []}, slowdowns=[Slowdown(job=name, before_s=1.0, after_s=2.0, slowdown_class=cls)],
                  detector="gpu", detector_version="1")
 
 

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from vigil.schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds
+from vigil.schemas import Alert, Decision, JobState, NodeState, Source, Subject, from_seconds, Slowdown
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.skirental import EpisodeDurations, FailSlowMitigation
 
@@ -168,8 +168,8 @@ def failslow(job: str, cls: str, onset: float, now: float, incident: uuid.UUID, 
     return Alert(event_time=from_seconds(now), source=Source(), incident_id=incident, incident_version=1,
                  status=status, severity=3, kind="fail_slow", subject=Subject(job=job), onset_time=from_seconds(onset),
                  detection_time=from_seconds(now), detector="bocd_verify", detector_version="1",
-                 evidence=[{"kind": "fail_slow", "subject": {"job": job}, "before": 1.0, "after": 2.0,
-                            "slowdown_class": cls}])
+                 evidence=[{"kind": "fail_slow", "subject": {"job": job}}], jobs={job: []},
+                 slowdowns=[Slowdown(job=job, before_s=1.0, after_s=2.0, slowdown_class=cls)])
 
 
 def job_state(name: str, nodes: list[str], dp: int, pp: int) -> JobState:

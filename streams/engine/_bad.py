@@ -1,1 +1,0 @@
-import confluent_kafka
