@@ -1,14 +1,15 @@
-"""Pure online detectors: no Kafka, no faust, time is always an argument.
+"""Pure online detectors: no Kafka, no clock, time is always an argument.
 
-Every public detector is registered by name in :data:`REGISTRY` so that a
-stream app's configuration can name it. Outside plugins register through the
-``vigil.detectors`` entry point (loaded by the stream apps, not here, so that
-importing ``detectors`` stays free of side effects).
+Every detector the engine runs is registered by name in :data:`REGISTRY` so
+that a stream app's configuration can name it; the benchmark's baselines
+(:mod:`~vigil.detectors.baselines`) register when imported. Outside plugins
+register through the ``vigil.detectors`` entry point (loaded by the stream
+apps, not here, so that importing ``detectors`` stays free of side effects).
 """
 
 from vigil.detectors.base import REGISTRY, Detector, DetectorError, Finding, register
 from vigil.detectors import hang, heartbeat  # noqa: F401  (registration)
-from vigil.detectors import bocd, verification, baselines, xid, nic, gpu, straggler, period  # noqa: F401
+from vigil.detectors import bocd, verification, xid, nic, gpu, straggler, period  # noqa: F401
 from vigil.detectors import failslow, failures  # noqa: F401
 
 from vigil.detectors.hang import HangDetector

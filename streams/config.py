@@ -1,9 +1,26 @@
-"""What a stream app needs to know, as plain values (the CLI fills it from settings)."""
+"""What a stream app needs to know, as plain values (``vigil.settings.Settings`` builds it).
+
+The Kafka-client defaults here are the stream apps' own and have their one
+home here; the detectors' and the decision engine's defaults live with those
+classes and arrive as ``engine`` and ``escalation`` only when the operator
+changed them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
+
+from vigil.schemas.topics import topic_name
+
+if TYPE_CHECKING:
+    from vigil.streams.engine.detection import EngineParams
+
+
+def _engine_defaults() -> "EngineParams":
+    from vigil.streams.engine.detection import EngineParams  # the detectors load only where a worker runs
+
+    return EngineParams()
 
 
 @dataclass(frozen=True)
@@ -12,29 +29,27 @@ class StreamConfig:
     topic_prefix: str = "vigil"
     group_id: str = "vigil-detect"
     kafka_security: dict[str, Any] = field(default_factory=dict)
+    #: tansu (and Kafka) join a group in about half the session timeout: 6 s gives ~3 s.
     session_timeout_s: float = 6.0
     heartbeat_interval_s: float = 1.0
+    #: How long a fetch may wait for data: the alert path's latency floor.
     fetch_max_wait_ms: int = 20
+    #: How often timer-driven detectors are ticked.
     tick_interval_s: float = 0.1
-    hang_k: float = 3.0
-    hang_min_timeout_s: float = 0.0
-    heartbeat_missed_intervals: float = 2.5
+    #: How often processed offsets are committed (after what they produced is delivered).
+    commit_interval_s: float = 1.0
     #: How far back a worker replays a partition it takes over, to rebuild state.
     recovery_window_s: float = 600.0
     #: Run the decision engine next to the correlator (alerts -> decisions).
     decide: bool = True
-    #: A failure that returns within this many seconds of its remedy climbs the ladder.
-    escalation_window_s: float = 600.0
-    #: Restarts tried for one failure within the window before reconfiguring.
-    max_restarts: int = 3
-    #: Where faust may keep files; its tables live in memory, so unset means a temporary directory.
-    data_dir: str | None = None
+    #: The detection engine's parameters (detector settings by name, plugins).
+    engine: "EngineParams" = field(default_factory=_engine_defaults)
+    #: Arguments of the escalation ladder (:class:`~vigil.streams.engine.escalation.Escalation`).
+    escalation: Mapping[str, Any] = field(default_factory=dict)
 
     def kafka_conf(self, **extra: Any) -> dict[str, Any]:
         """librdkafka configuration for this cluster, plus ``extra``."""
         return {"bootstrap.servers": self.bootstrap, **self.kafka_security, **extra}
 
     def topic(self, event_type: str) -> str:
-        from vigil.schemas.topics import topic_name
-
         return topic_name(event_type, self.topic_prefix)

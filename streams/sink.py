@@ -1,8 +1,7 @@
 """The history sink: every topic into ClickHouse, in batches, each event once.
 
-It is a plain confluent-kafka consumer rather than a faust agent because it
-does no per-event logic: batch consume + batch insert moves an order of
-magnitude more records per second than faust's per-event loop.
+It is a plain confluent-kafka consumer, as every vigil stream app is: batch
+consume + batch insert, no per-event framework overhead.
 
 Offsets are committed only after the batch is stored (at-least-once); the
 store drops ids it already holds, so redelivery never makes a duplicate row.

@@ -1,338 +1,355 @@
-"""The detection worker: telemetry -> findings -> incidents -> alerts.
+"""The detection worker: telemetry -> findings -> incidents -> alerts -> decisions.
 
-Two stages in one faust app. Detection agents consume the telemetry topics
-(partitioned by job or node, shared by every worker of the group), run the
-:class:`DetectionEngine` and publish findings to the findings topic. That
-topic has one partition, so exactly one worker of the group runs the
-:class:`Correlator` over all findings and publishes alerts: attribution
-across jobs and nodes needs one place that sees both.
+One process of the detection group; its stages (:mod:`vigil.streams.stages`)
+hold the state, this module moves the bytes. Three Kafka clients, one per
+concern, all librdkafka (confluent-kafka):
 
-Each agent decodes raw messages itself (values are bytes), so a malformed
-message becomes a dead letter with its reason and raw bytes while the agent
-keeps going. Timer-driven detectors are ticked from a faust timer with the
-wall clock: this is the outermost layer, the only place that reads it.
+* **the group consumer** reads the telemetry topics (partitioned by job or by
+  node and shared by the group) and the findings topic (one partition, so
+  exactly one worker of the group correlates and decides: attribution across
+  jobs and nodes needs one place that sees both). It is also the one
+  recovery path: a partition this worker takes over is first read from
+  ``recovery_window_s`` before the group's committed offset up to it, in
+  *replay* (state is rebuilt, nothing is published: the previous owner
+  published it), then live;
+* **the broadcast reader** (no group: every worker reads all of it) follows
+  the action results and job/node states the decisions feed on, and the
+  alerts and decisions already published (so a new correlator never
+  publishes one twice), from the recovery window's start;
+* **the producer** publishes findings, alerts, decisions and dead letters.
+
+Offsets are committed after what a message produced is delivered
+(at-least-once); every consumer downstream is idempotent by event id. The
+wall clock is read here and nowhere below.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from vigil.detectors import DetectorError
-from vigil.schemas import TOPICS, ActionResult, Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, \
-    encode, message_key
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, Consumer, KafkaError, KafkaException, Producer, \
+    TopicPartition
+
+from vigil.schemas import Alert, Decision, DetectorFinding, Envelope, decode, encode, message_key
 from vigil.streams.config import StreamConfig
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine, EngineParams
 from vigil.streams.engine.escalation import Escalation
-from vigil.streams.engine.planning import replan
-from vigil.streams.faustapp import VigilApp, create_app
 from vigil.streams.engine.incidents import Correlator
-from vigil.streams.kafka import dead_letter, refused_event
+from vigil.streams.engine.planning import replan
 from vigil.streams.plugins import load_plugins
-from vigil.streams.recovery import read_before_committed, read_recent
+from vigil.streams.recovery import window_starts
+from vigil.streams.stages import CorrelateStage, DetectStage, Place, key_of_topics
 
 log = logging.getLogger(__name__)
+
+__all__ = ["TELEMETRY", "FEEDBACK", "Worker", "run_worker"]
 
 #: Telemetry the detection stage reads.
 TELEMETRY = ("heartbeat", "node_samples", "iteration", "iteration_step", "collective", "xid", "nic_counters",
              "gpu_telemetry", "process_exit", "training_exception")
+#: What the broadcast reader follows.
+FEEDBACK = ("action_result", "job_state", "node_state", "alert", "decision")
 
 
-def build_worker_app(config: StreamConfig, ready_file: Path | None = None,
-                     params: EngineParams | None = None) -> VigilApp:
-    app = create_app(config)
-    plugins = load_plugins()
-    engine = DetectionEngine(params or EngineParams(hang_k=config.hang_k, hang_min_timeout_s=config.hang_min_timeout_s,
-                                                    heartbeat_missed_intervals=config.heartbeat_missed_intervals,
-                                                    plugins=tuple(plugins.values())))
-    correlator = Correlator()
-    decider = DecisionEngine(Escalation(config.escalation_window_s, config.max_restarts),
-                             recovered=correlator.recovered, replan=replan) if config.decide else None
-    app.detection_engine = engine  # type: ignore[attr-defined]
-    app.correlator = correlator  # type: ignore[attr-defined]
-    app.decision_engine = decider  # type: ignore[attr-defined]
-
-    def raw_topic(event_type: str) -> Any:
-        return app.topic(config.topic(event_type), value_type=bytes, key_type=bytes,
-                         value_serializer="raw", key_serializer="raw")
-
-    alerts_topic = raw_topic("alert")
-    decisions_topic = raw_topic("decision")
-    findings_topic = raw_topic("finding")
-    dlq_topic = raw_topic("dead_letter")
-    owns_correlation = {"yes": False}
-    # Cleared while a takeover rebuilds state: agents wait, so nothing newer is
-    # processed (or published) before the replay of what came before.
-    recovered = asyncio.Event()
-    recovered.set()
-
-    async def send_dead_letter(dl: Envelope, why: Any) -> None:
-        await dlq_topic.send(key=dl.source_topic.encode(), value=encode(dl))  # type: ignore[attr-defined]
-        log.warning("dead letter %s/%s/%s: %s", dl.source_topic, dl.source_partition, dl.source_offset, why)  # type: ignore[attr-defined]
-
-    async def publish_findings(findings: list[DetectorFinding]) -> None:
-        for f in findings:
-            await findings_topic.send(key=message_key(f), value=encode(f))
-
-    # Alert ids already on the topic (learned on takeover): never published twice.
-    published: set[Any] = set()
-
-    async def publish_alerts(alerts: list[Alert]) -> None:
-        for alert in alerts:
-            if alert.event_id in published:
-                continue
-            await alerts_topic.send(key=message_key(alert), value=encode(alert))
-            log.info("alert %s v%d %s sev%d %s", alert.status, alert.incident_version, alert.kind,
-                     alert.severity, alert.subject.model_dump(exclude_none=True))
-            if decider is not None:
-                await publish_decided(decider.on_alert(alert, time.time()))
-
-    async def publish_decided(out: list[Envelope]) -> None:
-        """The decision engine's output: decisions, and alerts calling a human or resolving."""
-        for ev in out:
-            if isinstance(ev, Decision):
-                if ev.event_id in published:
-                    continue
-                published.add(ev.event_id)
-                await decisions_topic.send(key=message_key(ev), value=encode(ev))
-                log.info("decision %s for %s: %s", ev.action, ev.target.model_dump(exclude_none=True), ev.reason)
-            elif isinstance(ev, Alert):
-                await publish_alerts([ev])
-
-    # Which subjects each partition carried, to forget them when it moves away.
-    subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
-    key_of_topic = {config.topic(t): TOPICS[t].key for t in TELEMETRY}
-    async def decoded(stream: Any) -> Any:
-        """Each message decoded, its bad parts dead-lettered; after any takeover replay."""
-        async for event in stream.events():
-            await recovered.wait()
-            msg = event.message
-            result = decode(event.value)
-            for err in result.errors:
-                await send_dead_letter(dead_letter(err, msg.topic, msg.partition, msg.offset, msg.timestamp), err)
-            yield event, msg, result
-
-    async def detect(stream: Any) -> None:
-        async for event, msg, message in decoded(stream):
-            nodes, jobs = subjects_of.setdefault((msg.topic, msg.partition), (set(), set()))
-            if message.events:
-                key = key_of_topic.get(msg.topic)
-                if key in ("job", "node"):
-                    known = jobs if key == "job" else nodes
-                    known.update(s for s in {getattr(ev.source, key) for ev in message.events} if s)
-            now = time.time()
-            for ev in message.events:
-                if engine.future(ev, now):
-                    await send_dead_letter(refused_event(
-                        ev, f"event_time {ev.event_time.isoformat()} is more than {engine.params.max_future_s:.0f} s "
-                            "ahead of the worker's clock (check the node's clock)",
-                        msg.topic, msg.partition, msg.offset,
-                        raw=event.value if len(message.events) == 1 else None), "event from the future")
-            try:
-                findings = engine.on_events(message.events, now)
-            except DetectorError:
-                findings = []
-                # One event a detector cannot use: find it, keep it, go on with the rest.
-                for ev in message.events:
-                    try:
-                        findings += engine.on_events([ev], time.time())
-                    except DetectorError as exc:
-                        await send_dead_letter(refused_event(ev, f"detector refused it: {exc}", msg.topic,
-                                                             msg.partition, msg.offset), exc)
-            await publish_findings(findings)
-
-    for event_type in TELEMETRY:
-        app.agent(raw_topic(event_type), name=f"detect-{event_type}")(detect)
-
-    @app.agent(findings_topic, name="correlate")
-    async def correlate(stream: Any) -> None:
-        async for _event, _msg, findings in decoded(stream):
-            now = time.time()
-            for f in findings.events:
-                if isinstance(f, DetectorFinding):
-                    await publish_alerts(correlator.on_finding(f, now))
-
-    owned: set[tuple[str, int]] = set()
-    # False from a revocation until the new assignment is recovered: the worker is not
-    # consuming, so the silence of its subjects in that time is its own.
-    consuming = {"yes": False}
-
-    @app.on_partitions_revoked.connect
-    async def on_revoked(app: Any, revoked: Any, **kwargs: Any) -> None:
-        consuming["yes"] = False
-
-    @app.on_partitions_assigned.connect
-    async def on_assigned(app: Any, assigned: Any, **kwargs: Any) -> None:
-        # An eager rebalance revokes every partition and hands most of them straight
-        # back: forget only the subjects whose partitions went to another worker.
-        kept = {(tp.topic, tp.partition) for tp in assigned}
-        for key in [k for k in subjects_of if k not in kept]:
-            nodes, jobs = subjects_of.pop(key)
-            engine.forget(nodes=nodes, jobs=jobs)
-        findings_tp = (config.topic("finding"), 0)
-        owns_correlation["yes"] = findings_tp in kept
-        telemetry = {config.topic(t) for t in TELEMETRY}
-        new = {k for k in kept if k not in owned and (k[0] in telemetry or k == findings_tp)}
-        owned.clear()
-        owned.update(kept)
-        if new and config.recovery_window_s > 0:
-            recovered.clear()
-            try:
-                await _recover(sorted(new), findings_tp in new)
-            finally:
-                recovered.set()
-        engine.resumed(time.time())  # silences count from here, not from before the rebalance
-        consuming["yes"] = True
-
-    async def _recover(partitions: list[tuple[str, int]], correlation: bool) -> None:
-        """Rebuild detector and incident state from what the previous owner had processed."""
-        loop = asyncio.get_running_loop()
-        now = time.time()
-        conf = config.kafka_conf()
-        records = await loop.run_in_executor(None, lambda: read_before_committed(
-            conf, config.group_id, partitions, config.recovery_window_s, now))
-        findings_topic_name = config.topic("finding")
-        replayed_findings = 0
-        for rec in records:
-            decoded = decode(rec.value)
-            if rec.topic == findings_topic_name:
-                for f in decoded.events:
-                    if isinstance(f, DetectorFinding):
-                        # alerts and decisions were published then; the replay rebuilds state only
-                        for alert in correlator.on_finding(f, rec.timestamp or now):
-                            if decider is not None:
-                                decider.on_alert(alert, rec.timestamp or now)
-                        replayed_findings += 1
-                continue
-            nodes, jobs = subjects_of.setdefault((rec.topic, rec.partition), (set(), set()))
-            for ev in decoded.events:
-                key = TOPICS[ev.event_type].key  # type: ignore[attr-defined]
-                (jobs if key == "job" else nodes).add(getattr(ev.source, key) or "")
-            try:
-                engine.on_events(decoded.events, now)  # findings were published then
-            except DetectorError:
-                pass
-        if correlation:
-            for topic in ("alert", "decision"):
-                recent = await loop.run_in_executor(None, lambda: read_recent(
-                    conf, config.topic(topic), config.recovery_window_s, now))
-                for rec in recent:
-                    published.update(a.event_id for a in decode(rec.value).events)
-        log.info("recovered state from %d records (%d findings) of %d partition(s)", len(records),
-                 replayed_findings, len(partitions))
-
-    @app.task
-    async def announce() -> None:
-        # Logged once the worker's logging is set up (plugins load before that).
-        for name, cls in plugins.items():
-            log.info("loaded detector plugin %s (%s.%s)", name, cls.__module__, cls.__qualname__)
-
-    ready = {"written": False}
-    feedback = _Feedback(config, started_at=time.time()) if decider is not None else None
-    pulse = _BrokerPulse(config)
-
-    @app.task
-    async def start_pulse() -> None:
-        pulse.start()
-
-    @app.timer(interval=config.tick_interval_s)
-    async def tick() -> None:
-        if not recovered.is_set():
-            return
-        now = time.time()
-        if pulse.last_ok is not None and consuming["yes"]:
-            # reachable and consuming (a rebalance hears nothing for seconds)
-            engine.heard(pulse.last_ok)
-        await publish_findings(engine.tick(now))
-        if owns_correlation["yes"]:
-            await publish_alerts(correlator.tick(now))
-            if decider is not None and feedback is not None:
-                for ev, live in feedback.poll():
-                    if isinstance(ev, ActionResult):
-                        out = decider.on_action_result(ev, now)
-                    elif isinstance(ev, (JobState, NodeState)):
-                        out = decider.on_state(ev, now)
-                    else:
-                        continue
-                    if live:
-                        await publish_decided(out)
-                await publish_decided(decider.tick(now))
-        if ready_file is not None and not ready["written"] and app.consumer.assignment():
-            ready_file.parent.mkdir(parents=True, exist_ok=True)
-            ready_file.write_text(str(sorted(f"{tp.topic}:{tp.partition}" for tp in app.consumer.assignment())))
-            ready["written"] = True
-
-    return app
-
-
-class _BrokerPulse:
+class BrokerPulse:
     """When the worker last reached the broker, from a metadata request every ``interval_s``.
 
     Detection must tell "these nodes went silent" from "I cannot hear anyone":
     during a broker outage every silence detector would fire at once.
     """
 
-    def __init__(self, config: StreamConfig, interval_s: float = 0.5) -> None:
-        self.config = config
-        self.interval_s = interval_s
+    def __init__(self, client: Any, topic: str, interval_s: float = 0.5, clock: Callable[[], float] = time.time) -> None:
+        self.client, self.topic, self.interval_s, self.clock = client, topic, interval_s, clock
         self.last_ok: float | None = None
+        self._stop = threading.Event()
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="vigil-broker-pulse", daemon=True).start()
 
+    def stop(self) -> None:
+        self._stop.set()
+
     def _run(self) -> None:
-        from confluent_kafka import KafkaException
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient(self.config.kafka_conf(**{"log_level": 0}))
-        while True:  # a daemon thread: it ends with the worker
-            asked = time.time()
+        reachable = True
+        while not self._stop.is_set():
+            asked = self.clock()
             try:
-                admin.list_topics(topic=self.config.topic("heartbeat"), timeout=max(self.interval_s, 1.0))
+                self.client.list_topics(topic=self.topic, timeout=max(self.interval_s, 1.0))
                 self.last_ok = asked
-            except KafkaException:
-                pass
-            time.sleep(self.interval_s)  # a period, not a condition to await
+                if not reachable:
+                    log.warning("the broker answers again")
+                reachable = True
+            except KafkaException as exc:
+                if reachable:
+                    log.warning("lost the broker (%s): silences are the worker's own until it answers", exc)
+                reachable = False
+            self._stop.wait(self.interval_s)  # a period, not a condition to await
 
 
-class _Feedback:
-    """What the decision engine hears back: action results and job/node state, read without a group.
-
-    Every worker of the group would otherwise split these partitions, while
-    the one decision engine (next to the correlator) needs them all. What was
-    written before the worker started only rebuilds state (``live`` False).
-    """
+class BroadcastReader:
+    """Action results, job/node states, published alerts and decisions: all partitions, no group."""
 
     def __init__(self, config: StreamConfig, started_at: float) -> None:
-        self.config = config
         self.started_at = started_at
-        self._consumer: Any = None
+        self._consumer = Consumer({**config.kafka_conf(), "group.id": f"{config.group_id}-broadcast",
+                                   "enable.auto.commit": False, "enable.partition.eof": True,
+                                   "fetch.wait.max.ms": config.fetch_max_wait_ms, "log_level": 3})
+        names = [config.topic(t) for t in FEEDBACK]
+        meta = self._consumer.list_topics(timeout=30)
+        tps = [TopicPartition(n, p) for n in names if n in meta.topics and meta.topics[n].error is None
+               for p in meta.topics[n].partitions]
+        # Job and node states from the start (a job's spec may be days old), the rest from the window.
+        states = {config.topic("job_state"), config.topic("node_state")}
+        starts = window_starts(self._consumer, [tp for tp in tps if tp.topic not in states],
+                               started_at - config.recovery_window_s, 30.0)
+        starts.update({(tp.topic, tp.partition): OFFSET_BEGINNING for tp in tps if tp.topic in states})
+        self._consumer.assign([TopicPartition(tp.topic, tp.partition, starts[(tp.topic, tp.partition)])
+                               for tp in tps])
+        published = {config.topic("alert"), config.topic("decision")}
+        #: partitions of the alert and decision topics not yet read to their end (as of the start)
+        self._behind = {(tp.topic, tp.partition) for tp in tps if tp.topic in published
+                        and starts[(tp.topic, tp.partition)] != OFFSET_END}
+
+    @property
+    def caught_up(self) -> bool:
+        """Every alert and decision published before the worker started has been read."""
+        return not self._behind
 
     def poll(self, max_messages: int = 500) -> list[tuple[Envelope, bool]]:
-        from vigil.streams.kafka import reader
-
-        if self._consumer is None:
-            self._consumer = reader(self.config.kafka_conf(),
-                                    [self.config.topic(t) for t in ("action_result", "job_state", "node_state")])
-        out = []
+        """``(event, live)`` pairs; ``live`` when written after the worker started (else: state only)."""
+        out: list[tuple[Envelope, bool]] = []
         for msg in self._consumer.consume(max_messages, timeout=0):
-            if msg.error() is not None or msg.value() is None:
+            if msg.error() is not None:
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    self._behind.discard((msg.topic(), msg.partition()))
+                continue
+            if msg.value() is None:
                 continue
             _kind, stamp = msg.timestamp()
             live = stamp <= 0 or stamp / 1000.0 >= self.started_at - 1.0
             out.extend((ev, live) for ev in decode(msg.value()).events)
         return out
 
+    def close(self) -> None:
+        self._consumer.close()
+
+
+class Worker:
+    """One detection worker: a loop over one group consumer, the stages, a producer (see the module docstring)."""
+
+    def __init__(self, config: StreamConfig, params: EngineParams | None = None, ready_file: Path | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.clock = clock
+        self.ready_file = ready_file
+        self.plugins = load_plugins()
+        params = params or config.engine
+        if self.plugins:
+            params = EngineParams(**{**params.__dict__, "plugins": tuple(self.plugins.values())})
+        correlator = Correlator()
+        decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
+                                 replan=replan) if config.decide else None
+        self.detect = DetectStage(DetectionEngine(params), key_of_topics(config, TELEMETRY))
+        self.correlate = CorrelateStage(correlator, decider)
+        self.findings_topic = config.topic("finding")
+        self.findings_tp = (self.findings_topic, 0)
+        self._producer = Producer({**config.kafka_conf(), "linger.ms": 1, "acks": "all", "log_level": 3})
+        self._consumer = Consumer({
+            **config.kafka_conf(), "group.id": config.group_id, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "session.timeout.ms": int(config.session_timeout_s * 1000),
+            "heartbeat.interval.ms": int(config.heartbeat_interval_s * 1000),
+            "fetch.wait.max.ms": config.fetch_max_wait_ms, "log_level": 3})
+        self._pulse = BrokerPulse(self._producer, config.topic("heartbeat"), clock=clock)
+        self._broadcast: BroadcastReader | None = None
+        self._heard_back: list[tuple[Envelope, bool]] = []
+        self.owned: set[tuple[str, int]] = set()
+        self._replay_until: dict[tuple[str, int], int] = {}
+        self._replayed = 0
+        self._processed: dict[tuple[str, int], int] = {}
+        self.consuming = False
+        self.owns_correlation = False
+
+    # -- the group's partitions -------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        now = self.clock()
+        kept = {(tp.topic, tp.partition) for tp in partitions}
+        self.detect.keep_only(kept)
+        new = [tp for tp in partitions if (tp.topic, tp.partition) not in self.owned]
+        self._replay_until = {}
+        starts: dict[tuple[str, int], int] = {}
+        if new and self.config.recovery_window_s > 0:
+            committed = {(tp.topic, tp.partition): tp.offset for tp in consumer.committed(new, timeout=30)}
+            todo = [tp for tp in new if committed.get((tp.topic, tp.partition), -1) > 0]
+            starts = window_starts(consumer, todo, now - self.config.recovery_window_s, 30.0) if todo else {}
+            for tp in todo:
+                key = (tp.topic, tp.partition)
+                start, end = starts[key], committed[key]
+                if start != OFFSET_END and 0 <= start < end:
+                    self._replay_until[key] = end
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            tp.offset = starts[key] if key in self._replay_until else OFFSET_STORED
+        consumer.assign(partitions)
+        self.owned = kept
+        self.owns_correlation = self.findings_tp in kept
+        if not self._replay_until:
+            self._resumed(now)
+        log.info("joined the group: assigned %d partition(s), replaying %d", len(partitions), len(self._replay_until))
+        if self.ready_file is not None and partitions and not self.ready_file.exists():
+            self.ready_file.parent.mkdir(parents=True, exist_ok=True)
+            self.ready_file.write_text(str(sorted(f"{t}:{p}" for t, p in kept)))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.consuming = False  # its subjects' silence from now on is the worker's own
+        self._commit(sync=True)
+        self.owned -= set(self._replay_until)  # a replay cut short starts again if they come back
+
+    def _resumed(self, now: float) -> None:
+        self.detect.engine.resumed(now)  # silences count from here, not from before the rebalance
+        self.consuming = True
+
+    # -- messages ------------------------------------------------------------------------------------------
+    def _on_message(self, msg: Any, now: float) -> None:
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        key = (topic, partition)
+        until = self._replay_until.get(key)
+        replay = until is not None and offset < until
+        kind, stamp = msg.timestamp()
+        place = Place(topic, partition, offset, stamp / 1000.0 if stamp > 0 else None)
+        if topic == self.findings_topic:
+            found = [f for f in decode(msg.value()).events if isinstance(f, DetectorFinding)]
+            # a replayed finding is judged at the time it was written (holds, escalation windows)
+            self._publish(self.correlate.on_findings(found, place.timestamp or now if replay else now, replay=replay))
+        else:
+            out = self.detect.on_message(place, msg.value(), now, replay=replay)
+            self._publish(out.dead_letters)
+            if not replay:
+                self._found(out.findings, now)
+        if not replay:  # a replayed offset is behind the committed one: never committed again
+            self._processed[key] = offset + 1
+        else:
+            self._replayed += 1
+        if until is not None and offset + 1 >= until:
+            del self._replay_until[key]
+            if not self._replay_until:
+                log.info("recovered state from %d records of the log; live from here", self._replayed)
+                self._replayed = 0
+                self._resumed(now)
+
+    def _found(self, findings: list[DetectorFinding], now: float) -> None:
+        """Findings go to their topic; the correlating worker also takes its own at once (they come
+        back from the topic later and are recognised by id)."""
+        self._publish(findings)
+        if self.owns_correlation and self.findings_tp not in self._replay_until and findings:
+            self._publish(self.correlate.on_findings(findings, now))
+
+    def _publish(self, events: list[Envelope]) -> None:
+        for ev in events:
+            etype = ev.event_type  # type: ignore[attr-defined]
+            topic = self.config.topic(etype)
+            key = ev.source_topic.encode() if etype == "dead_letter" else message_key(ev)  # type: ignore[attr-defined]
+            self._producer.produce(topic, encode(ev), key=key)
+            if etype in ("alert", "decision"):
+                self._log(ev)
+        if events:
+            self._producer.poll(0)
+
+    @staticmethod
+    def _log(ev: Envelope) -> None:
+        if isinstance(ev, Alert):
+            log.info("alert %s v%d %s sev%d %s", ev.status, ev.incident_version, ev.kind, ev.severity,
+                     ev.subject.model_dump(exclude_none=True))
+        elif isinstance(ev, Decision):
+            log.info("decision %s for %s: %s", ev.action, ev.target.model_dump(exclude_none=True), ev.reason)
+
+    # -- timers and commits ------------------------------------------------------------------------------
+    def _tick(self, now: float) -> None:
+        if self._replay_until:
+            return  # rebuilding: timers would judge silence from half a picture
+        if self._pulse.last_ok is not None and self.consuming:
+            self.detect.engine.heard(self._pulse.last_ok)  # reachable and consuming
+        self._found(self.detect.tick(now), now)
+        if self._broadcast is None:
+            return
+        for ev, live in self._broadcast.poll():
+            if isinstance(ev, (Alert, Decision)):
+                self.correlate.learn_published([ev])
+            else:
+                self._heard_back.append((ev, live))
+        if self.owns_correlation and not self._broadcast.caught_up:
+            return  # what was published before it started must be known before it publishes
+        for ev, live in self._heard_back:  # only the correlating worker acts on it; the others keep the state
+            self._publish(self.correlate.on_feedback(ev, now, live and self.owns_correlation))
+        self._heard_back = []
+        if self.owns_correlation:
+            self._publish(self.correlate.tick(now))
+
+    def _commit(self, sync: bool = False) -> None:
+        if not self._processed:
+            return
+        left = self._producer.flush(30.0)
+        if left:
+            log.warning("%d message(s) not delivered; offsets not committed", left)
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._processed.items() if (t, p) in self.owned]
+        self._processed = {}
+        if offsets:
+            try:
+                self._consumer.commit(offsets=offsets, asynchronous=not sync)
+            except KafkaException as exc:  # e.g. during a rebalance: the batch may be redelivered
+                log.warning("commit failed: %s", exc)
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Consume until ``stop`` is set."""
+        topics = [self.config.topic(t) for t in TELEMETRY] + [self.findings_topic]
+        self._broadcast = BroadcastReader(self.config, self.clock())
+        for name, cls in self.plugins.items():
+            log.info("loaded detector plugin %s (%s.%s)", name, cls.__module__, cls.__qualname__)
+        self._consumer.subscribe(topics, on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self._pulse.start()
+        interval = self.config.tick_interval_s
+        next_tick = self.clock() + interval
+        last_commit = self.clock()
+        try:
+            while not stop.is_set():
+                wait = min(interval, max(0.0, next_tick - self.clock()))
+                messages = self._consumer.consume(500, timeout=wait)
+                now = self.clock()
+                for msg in messages:
+                    if msg.error() is not None:
+                        if msg.error().code() != KafkaError._PARTITION_EOF:
+                            log.warning("consume error: %s", msg.error())
+                        continue
+                    self._on_message(msg, now)
+                now = self.clock()
+                if now >= next_tick:
+                    self._tick(now)
+                    next_tick = now + interval
+                self._producer.poll(0)
+                if now - last_commit >= self.config.commit_interval_s:
+                    self._commit()
+                    last_commit = now
+        finally:
+            self._pulse.stop()
+            self._commit(sync=True)
+            self._consumer.close()
+            self._broadcast.close()
+            self._producer.flush(10.0)
+
 
 def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING") -> None:
     """Run a detection worker until SIGINT/SIGTERM."""
-    import faust
+    import signal
 
-    app = build_worker_app(config, ready_file)
-    worker = faust.Worker(app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
-    worker.execute_from_commandline()
+    logging.basicConfig(level=getattr(logging, loglevel.upper(), logging.WARNING),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    Worker(config, ready_file=ready_file).run(stop)

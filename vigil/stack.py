@@ -26,19 +26,7 @@ from vigil.settings import Settings
 
 
 def stream_config(settings: Settings, bootstrap: str, **overrides: Any) -> StreamConfig:
-    values: dict[str, Any] = dict(
-        bootstrap=bootstrap, topic_prefix=settings.topic_prefix, group_id=settings.group_id,
-        kafka_security=settings.kafka_security(), session_timeout_s=settings.session_timeout_s,
-        heartbeat_interval_s=settings.heartbeat_interval_s, fetch_max_wait_ms=settings.fetch_max_wait_ms,
-        tick_interval_s=settings.tick_interval_s, hang_k=settings.hang_k,
-        hang_min_timeout_s=settings.hang_min_timeout_s,
-        heartbeat_missed_intervals=settings.heartbeat_missed_intervals,
-        recovery_window_s=settings.recovery_window_s, decide=settings.decide,
-        escalation_window_s=settings.escalation_window_s, max_restarts=settings.max_restarts,
-        data_dir=str(settings.state_dir / "faust"),
-    )
-    values.update(overrides)
-    return StreamConfig(**values)
+    return settings.stream_config(bootstrap, **overrides)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Detection and correlation chained in one process, on any clock.
 
-The live system runs the two stages in faust agents connected by the
+The live system runs the two stages in the worker, connected by the
 findings topic; this runs the same code directly, for tests, replays and the
 simulator's in-process mode.
 """

@@ -2,11 +2,11 @@
 
 tansu keeps its log in memory, so a restart loses the topics, their data, the
 consumer group and its committed offsets. What the worker does then (read in
-its log): aiokafka fails its fetches and marks the group coordinator dead;
-once a broker answers on the address again, the group heartbeat comes back
-``UNKNOWN_MEMBER_ID``, faust revokes every partition and rejoins the group
-(about half the session timeout), finds no committed offsets and reads the
-recreated topics from the start. The process is never restarted: the
+its log): its broker pulse loses the broker; once a broker answers on the
+address again, the group heartbeat comes back ``UNKNOWN_MEMBER_ID``, the
+consumer loses its partitions and rejoins the group (about half the session
+timeout), finds no committed offsets and reads the recreated topics from the
+start. The process is never restarted: the
 detector and incident state it holds in memory carry on.
 
 A dedicated tansu runs on a fixed port so it can be stopped (by its PID) and
@@ -14,7 +14,7 @@ started again on the same address; the session broker is not touched.
 
 A node keeps beating through the outage (its publisher spools and replays):
 it is never left reported lost. The worker knows the silence is its own
-because it cannot reach the broker (``vigil.streams.worker._BrokerPulse``) or is
+because it cannot reach the broker (``vigil.streams.worker.BrokerPulse``) or is
 rejoining its group, and counts a node's silence only from when it could
 hear again. Known gap: when the node's beats from the outage arrive with a
 gap in their event times, a transient incident may open and resolve at once.
@@ -158,7 +158,7 @@ def test_worker_reconnects_after_a_broker_restart_and_detects_new_faults(broker,
 
         # 2. the broker goes away (the worker notices), and a new, empty one takes its address
         broker.stop()
-        assert wait_for(lambda: "coordinator dead" in worker.log.read_text(), 30), \
+        assert wait_for(lambda: "lost the broker" in worker.log.read_text(), 30), \
             f"the worker did not notice the outage; log:\n{worker.log.read_text()[-3000:]}"
         broker.start()
         ensure_topics(config.kafka_conf(), config.topic_prefix)
@@ -176,7 +176,7 @@ def test_worker_reconnects_after_a_broker_restart_and_detects_new_faults(broker,
         assert beats.left == 0  # lost after its last heartbeat, not before
 
         assert worker.proc.poll() is None and worker.proc.pid == pid  # reconnected, not restarted
-        rejoined = worker.log.read_text().count("Joined group")
+        rejoined = worker.log.read_text().count("joined the group")
         assert rejoined >= 2, f"one join only: {rejoined}"
         # the incident from before the restart is remembered, not raised again, and the node that
         # kept beating through the outage was never reported lost

@@ -8,6 +8,7 @@ import pickle
 import pytest
 
 import vigil.detectors
+import vigil.detectors.baselines  # noqa: F401  (the benchmark's baselines register on import)
 from vigil.detectors import REGISTRY
 
 

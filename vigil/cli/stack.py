@@ -54,12 +54,16 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
 @app.command()
 def worker(
     ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
-    log_level: str = typer.Option("WARNING", help="faust log level."),
+    log_level: str = typer.Option("WARNING", help="Python log level (INFO logs every alert and decision)."),
 ) -> None:
-    """Run a detection worker (faust): heartbeat loss and hang detection, alerts to <prefix>.alerts.
+    """Run a detection worker: every detector on the telemetry, incidents to <prefix>.alerts, decisions.
 
     Several workers share the topics' partitions in one consumer group
-    (VIGIL_GROUP_ID).
+    (VIGIL_GROUP_ID); the one that owns the findings topic correlates and
+    decides. A worker that takes over partitions (a restart, a rebalance)
+    rebuilds its state from the last VIGIL_RECOVERY_WINDOW_S seconds of the
+    log and never publishes an alert or decision twice. Stop it with Ctrl-C
+    or SIGTERM.
     """
     from vigil.broker import StackError
     from vigil.stack import resolve_bootstrap, stream_config

@@ -1,0 +1,198 @@
+"""The worker's stages, each with its state in the open: detect, correlate and decide.
+
+A stage takes what the worker read (raw messages with their place in the
+log, or decoded events) and returns what should be published; it reads no
+clock and touches no Kafka, so the worker's loop (:mod:`vigil.streams.worker`)
+is the only place that does I/O.
+
+* :class:`DetectStage` — telemetry messages to findings (and dead letters),
+  through the :class:`~vigil.streams.engine.detection.DetectionEngine`; it
+  remembers which subjects each partition carried, to forget them when the
+  partition moves to another worker.
+* :class:`CorrelateStage` — findings to alerts (the
+  :class:`~vigil.streams.engine.incidents.Correlator`), alerts to decisions
+  (the :class:`~vigil.streams.engine.decisions.DecisionEngine`), and the
+  action results and job/node states that feed the decisions back. It
+  never publishes an alert or decision id twice: those already on the topics
+  (learned on takeover) and those it published itself.
+
+In *replay* (a takeover rebuilding state from the log) the stages update
+their state and publish nothing: the previous owner published it then.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from vigil.detectors import DetectorError
+from vigil.schemas import (
+    TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, JobState, NodeState, decode,
+)
+from vigil.streams.engine.decisions import DecisionEngine
+from vigil.streams.engine.detection import DetectionEngine
+from vigil.streams.engine.incidents import Correlator
+from vigil.streams.kafka import dead_letter, refused_event
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CorrelateStage", "DetectStage", "Place"]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a message sits in the log."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: float | None = None
+
+
+@dataclass
+class Detected:
+    findings: list[DetectorFinding] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+
+class DetectStage:
+    """Telemetry in, findings out (see the module docstring)."""
+
+    def __init__(self, engine: DetectionEngine, key_of_topic: dict[str, str]) -> None:
+        self.engine = engine
+        self.key_of_topic = key_of_topic  # topic name -> "job" | "node"
+        #: (topic, partition) -> (nodes, jobs) it carried
+        self.subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
+
+    def on_message(self, place: Place, value: bytes | None, now: float, replay: bool = False) -> Detected:
+        out = Detected()
+        message = decode(value)
+        if not replay:
+            out.dead_letters += [dead_letter(err, place.topic, place.partition, place.offset, place.timestamp)
+                                 for err in message.errors]
+        events = message.events
+        if not events:
+            return out
+        self._remember(place, events)
+        if not replay:
+            for ev in events:
+                if self.engine.future(ev, now):
+                    out.dead_letters.append(refused_event(
+                        ev, f"event_time {ev.event_time.isoformat()} is more than "
+                            f"{self.engine.params.max_future_s:.0f} s ahead of the worker's clock (check the node's clock)",
+                        place.topic, place.partition, place.offset, raw=value if len(events) == 1 else None))
+        try:
+            out.findings = self.engine.on_events(events, now)
+        except DetectorError:
+            # One event a detector cannot use: find it, keep it, go on with the rest.
+            for ev in events:
+                try:
+                    out.findings += self.engine.on_events([ev], now)
+                except DetectorError as exc:
+                    if not replay:
+                        out.dead_letters.append(refused_event(ev, f"detector refused it: {exc}", place.topic,
+                                                              place.partition, place.offset))
+        return out
+
+    def _remember(self, place: Place, events: list[Envelope]) -> None:
+        per = self.key_of_topic.get(place.topic)
+        if per not in ("job", "node"):
+            return
+        nodes, jobs = self.subjects_of.setdefault((place.topic, place.partition), (set(), set()))
+        known = jobs if per == "job" else nodes
+        for ev in events:
+            name = getattr(ev.source, per)
+            if name:
+                known.add(name)
+
+    def keep_only(self, kept: set[tuple[str, int]]) -> None:
+        """Forget the subjects of every partition not in ``kept`` (it moved to another worker)."""
+        for place in [p for p in self.subjects_of if p not in kept]:
+            nodes, jobs = self.subjects_of.pop(place)
+            self.engine.forget(nodes=nodes, jobs=jobs)
+
+    def tick(self, now: float) -> list[DetectorFinding]:
+        return self.engine.tick(now)
+
+
+class CorrelateStage:
+    """Findings in; alerts and decisions out; action results and states fed back (see the module docstring)."""
+
+    def __init__(self, correlator: Correlator, decider: DecisionEngine | None, memory: int = 100_000) -> None:
+        self.correlator = correlator
+        self.decider = decider
+        self.memory = memory
+        #: ids already on the alert and decision topics, or published by this stage
+        self.published: OrderedDict[uuid.UUID, None] = OrderedDict()
+
+    def learn_published(self, events: list[Envelope]) -> None:
+        """Alerts and decisions read back from their topics: never published again."""
+        for ev in events:
+            if isinstance(ev, (Alert, Decision)):
+                self._mark(ev.event_id)
+
+    def _mark(self, event_id: uuid.UUID) -> None:
+        self.published[event_id] = None
+        while len(self.published) > self.memory:
+            self.published.popitem(last=False)
+
+    def on_findings(self, findings: list[DetectorFinding], now: float, replay: bool = False) -> list[Envelope]:
+        out: list[Envelope] = []
+        for f in findings:
+            for alert in self.correlator.on_finding(f, now):
+                out += self._alert(alert, now, replay)
+        return out
+
+    def on_feedback(self, event: Envelope, now: float, live: bool) -> list[Envelope]:
+        """An action result or a job/node state; what it decides is published only when ``live``."""
+        if self.decider is None:
+            return []
+        if isinstance(event, ActionResult):
+            out = self.decider.on_action_result(event, now)
+        elif isinstance(event, (JobState, NodeState)):
+            out = self.decider.on_state(event, now)
+        else:
+            return []
+        return self._decided(out, now, replay=not live)
+
+    def tick(self, now: float) -> list[Envelope]:
+        out: list[Envelope] = []
+        for alert in self.correlator.tick(now):
+            out += self._alert(alert, now, replay=False)
+        if self.decider is not None:
+            out += self._decided(self.decider.tick(now), now, replay=False)
+        return out
+
+    def _alert(self, alert: Alert, now: float, replay: bool) -> list[Envelope]:
+        """The alert, then what the decision engine makes of it; an alert already on the topic is
+        neither published nor decided on again (its decisions were made then)."""
+        if replay:
+            if self.decider is not None:
+                self._decided(self.decider.on_alert(alert, now), now, replay=True)
+            return []
+        if alert.event_id in self.published:
+            return []
+        self._mark(alert.event_id)
+        out: list[Envelope] = [alert]
+        if self.decider is not None:
+            out += self._decided(self.decider.on_alert(alert, now), now, replay=False)
+        return out
+
+    def _decided(self, events: list[Envelope], now: float, replay: bool) -> list[Envelope]:
+        """Decisions (each published once) and the alerts the decision engine raises (a human called)."""
+        out: list[Envelope] = []
+        for ev in events:
+            if isinstance(ev, Alert):
+                out += self._alert(ev, now, replay)
+            elif not replay and ev.event_id not in self.published:
+                self._mark(ev.event_id)
+                out.append(ev)
+        return out
+
+
+def key_of_topics(config: Any, event_types: tuple[str, ...]) -> dict[str, str]:
+    """Topic name -> the key its messages are partitioned by."""
+    return {config.topic(t): TOPICS[t].key for t in event_types}
