@@ -33,7 +33,7 @@ import numpy as np
 from vigil.detectors import REGISTRY, Detector, Finding
 from vigil.detectors.inputs import PROGRESS, RANK_TIMINGS
 from vigil.schemas import (
-    CollectiveCall, DetectorFinding, Envelope, IterationStep, IterationTiming, Source, Subject, from_seconds,
+    DetectorFinding, Envelope, IterationStep, IterationTiming, Source, Subject, from_seconds,
     to_seconds,
 )
 from vigil.streams.engine.incidents import subject_key
