@@ -18,6 +18,11 @@ time and returns the events to publish:
   A backend that raises is a ``failed`` result with the exception.
 
 ``notify_human`` and ``none`` run nothing: one ``succeeded`` result saying so.
+
+A backend that declares ``asynchronous = True`` may return a ``running``
+outcome: the action has started and its end comes later, through
+:meth:`Executor.complete` (the simulated cluster's backend works so: its
+actions take simulated time).
 Every state change is checked by :mod:`vigil.actuators.state` and written to the
 ledger before the event is returned. Time is an argument (``now``, an aware
 datetime); the executor reads no clock of its own (an owner may pass one
@@ -93,6 +98,8 @@ class Executor:
         self.backend_label = f"dry-run:{backend.name}" if dry_run else backend.name
         self._last_reset = 0
         self._incident: str | None = None
+        #: actions an asynchronous backend has under way: decision id -> (decision, ignored-keys note)
+        self._running: dict[uuid.UUID, tuple[Decision, str]] = {}
         self._replay()
 
     # -- state from the ledger ----------------------------------------------------------------------------
@@ -212,19 +219,35 @@ class Executor:
         send([self._result(decision, running.state, running.detail, now)])
         try:
             outcome = self.backend.execute(action, dry_run=self.dry_run)
-            if not outcome.state.terminal:
+            if not outcome.state.terminal and not (outcome.state is ActionState.running
+                                                   and getattr(self.backend, "asynchronous", False)):
                 raise ValueError(f"backend {self.backend.name} returned the non-final state {outcome.state.value}")
         except Exception as exc:
             log.exception("backend %s failed on decision %s", self.backend.name, did)
             outcome = Outcome(ActionState.failed, f"backend {self.backend.name} raised {type(exc).__name__}: {exc}")
+        if not outcome.state.terminal:
+            self._running[did] = (decision, ignored)
+            return out  # under way: complete() reports its end
         # The end of an action is stamped by the owner's clock when it gave one (durations feed the
         # decision engine's cost estimates), else it is ``now``.
         done = self.clock() if self.clock is not None else now
-        final = self.ledger.transition(did, outcome.state, to_seconds(done), detail=outcome.detail + ignored,
-                                       commands=outcome.argv)
+        return send(self._finish(decision, action.action, outcome, ignored, done))
+
+    def complete(self, decision_id: uuid.UUID, outcome: Outcome, now: datetime) -> list[Envelope]:
+        """The end of an action an asynchronous backend started: its final result (none if unknown)."""
+        decision, ignored = self._running.pop(decision_id, (None, ""))
+        if decision is None:
+            return []
+        return self._finish(decision, decision.action, outcome, ignored, now)
+
+    def _finish(self, decision: Decision, action: str, outcome: Outcome, ignored: str,
+                done: datetime) -> list[Envelope]:
+        final = self.ledger.transition(decision.decision_id, outcome.state, to_seconds(done),
+                                       detail=outcome.detail + ignored, commands=outcome.argv)
         (log.info if final.state is ActionState.succeeded else log.warning)(
-            "decision %s (%s on %s): %s: %s", did, action.action, action.job or action.node, final.state.value, final.detail)
-        return send([self._result(decision, final.state, final.detail, done)])
+            "decision %s (%s on %s): %s: %s", decision.decision_id, action, decision.target.job or decision.target.node,
+            final.state.value, final.detail)
+        return [self._result(decision, final.state, final.detail, done)]
 
     def _no_machine_action(self, action: Action, t: float, now: datetime) -> list[Envelope]:
         did = action.decision.decision_id

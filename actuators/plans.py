@@ -9,7 +9,12 @@ The plan contract per action (what the decision engine emits)::
     reconfigure             target.job   plan {"exclude_nodes": [...], "workers": int, "placement": {...}}
     rebalance_microbatches  target.job   plan {"microbatches": [ints >= 1]}
     adjust_topology         target.job   plan {"swaps": [[node_a, node_b], ...]}
+    replan                  -            plan {"allocations": {job: [nodes]}, "workers": {job: nodes}}
     notify_human, none      -            (no machine action)
+
+``replan`` re-plans every job at once (Unicron): each job named gets those
+nodes (``allocations``) or that many (``workers``, placed by the backend);
+only a backend that manages the whole cluster's jobs can carry it out.
 
 Any plan may carry ``progress_step`` (the job's training step when the
 decision was made; the no-progress guard uses it). Keys a plan does not know
@@ -56,6 +61,7 @@ _PLAN_KEYS: dict[str, frozenset[str]] = {
     "reconfigure": frozenset({"exclude_nodes", "workers", "placement"}),
     "rebalance_microbatches": frozenset({"microbatches"}),
     "adjust_topology": frozenset({"swaps"}),
+    "replan": frozenset({"allocations", "workers", "objective", "trigger"}),
     "notify_human": frozenset(),
     "none": frozenset(),
 }
@@ -119,6 +125,9 @@ class Action:
     placement: dict[str, Any] | None = None
     microbatches: tuple[int, ...] = ()
     swaps: tuple[tuple[str, str], ...] = ()
+    #: replan: job -> its nodes, and job -> how many nodes
+    allocations: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    workers_by_job: dict[str, int] = field(default_factory=dict)
     reason: str = ""
     progress_step: int | None = None
     ignored_keys: tuple[str, ...] = field(default=())
@@ -141,6 +150,8 @@ class Action:
         """Every node the action names (each must be a known node)."""
         out: list[str] = [self.node] if self.node is not None else []
         out += list(self.nodes) + list(self.exclude_nodes)
+        for nodes in self.allocations.values():
+            out += list(nodes)
         for a, b in self.swaps:
             out += [a, b]
         return tuple(dict.fromkeys(out))
@@ -205,4 +216,20 @@ def parse_action(decision: Decision) -> Action:
                 raise PlanError(f"plan.swaps[{i}]: swapping {a!r} with itself", f"plan.swaps[{i}]")
             pairs.append((a, b))
         kw["swaps"] = tuple(pairs)
+    elif act == "replan":
+        kw["allocations"] = {check_name(j, "plan.allocations"): _names({"nodes": ns}, "nodes")
+                             for j, ns in _dict(plan, "allocations").items()}
+        kw["workers_by_job"] = {check_name(j, "plan.workers"): _int(w, f"plan.workers.{j}", 0)
+                                for j, w in _dict(plan, "workers").items()}
+        if not kw["allocations"] and not kw["workers_by_job"]:
+            raise PlanError("replan needs plan.allocations or plan.workers (what each job gets)", "plan")
     return Action(**kw)
+
+
+def _dict(plan: dict[str, Any], key: str) -> dict[str, Any]:
+    value = plan.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PlanError(f"plan.{key}: expected an object, got {type(value).__name__}", f"plan.{key}")
+    return value

@@ -6,7 +6,9 @@ rank sees the same step time) with a change-point detector from the registry,
 verification). When it verifies a slowdown, the per-rank split of the steps
 around the onset tells computation from communication: a slow GPU makes the
 slowest rank compute longer, a slow link makes every rank's communication
-longer, even the one that waits least.
+longer, even the one that waits least. For a computation fail-slow, the rank
+that computed longest in most steps since the onset names the straggler's
+node and GPU (what a micro-batch or topology plan moves work away from).
 
 References
 ----------
@@ -102,6 +104,7 @@ class FailSlowDetector(Detector):
     def _reset(self) -> None:
         self._detector = self._core_cls(**self.core_params)
         self._split: list[tuple[float, float, float]] = []
+        self._slowest: list[tuple[float, str | None, int | None]] = []  # (end, node, gpu) of each step's slowest rank
         self._classified: tuple[float, Finding] | None = None
 
     def observe(self, item: Progress | RankTimings, *, t: float, context: KeyContext | None = None) -> None:
@@ -109,8 +112,11 @@ class FailSlowDetector(Detector):
             if item.duration_s > 0:
                 self._detector.update(item.duration_s, t=item.end)
             return
-        self._split.append((item.end, max(item.compute_s), min(item.communication_s)))
+        slowest = max(range(len(item.compute_s)), key=item.compute_s.__getitem__)
+        self._split.append((item.end, item.compute_s[slowest], min(item.communication_s)))
+        self._slowest.append((item.end, item.nodes[slowest], item.gpus[slowest]))
         del self._split[:-self.history]
+        del self._slowest[:-self.history]
 
     def update(self, x: float, *, t: float) -> None:
         """One iteration time ``x`` ending at ``t`` (no rank split: the class stays unknown)."""
@@ -137,11 +143,22 @@ class FailSlowDetector(Detector):
         if cls is not None:
             evidence["slowdown_class"], evidence["delta_compute_s"], evidence["delta_communication_s"] = cls
         before, after, rel = (evidence.get(k) for k in ("before", "after", "rel_change"))
+        node, gpu = self._straggler(f.onset) if cls is not None and cls[0] == "computation" else (None, None)
+        if node is not None:
+            evidence["node"], evidence["gpu"] = node, gpu
         slowdown = Slowdown(before_s=_finite(before), after_s=_finite(after), rel_change=_finite(rel),
-                            slowdown_class=cls[0] if cls is not None else None)
+                            slowdown_class=cls[0] if cls is not None else None, node=node, gpu=gpu)
         out = Finding(f.kind, f.severity, f.onset, f.detected_at, evidence, slowdown=slowdown)
         self._classified = (f.onset, out)
         return out
+
+    def _straggler(self, onset: float) -> tuple[str | None, int | None]:
+        """Node and GPU of the rank that computed longest in most steps since ``onset`` (a strict majority)."""
+        after = [(n, g) for end, n, g in self._slowest if end >= onset and n is not None]
+        if not after:
+            return None, None
+        top, count = max(((w, after.count(w)) for w in set(after)), key=lambda x: (x[1], str(x[0])))
+        return top if 2 * count > len(after) else (None, None)
 
     @classmethod
     def _conformance_feed(cls, seed: int):

@@ -294,7 +294,7 @@ class Decision(Envelope):
     idempotency_key: str = Field(min_length=1, description="Key that makes a repeated decision a no-op.")
     action: Literal[
         "retry_in_place", "restart_process", "reconfigure", "isolate_node",
-        "rebalance_microbatches", "adjust_topology", "checkpoint_restart", "notify_human", "none",
+        "rebalance_microbatches", "adjust_topology", "checkpoint_restart", "replan", "notify_human", "none",
     ] = Field(description="Action to take.")
     target: Subject = Field(description="What the action applies to.")
     reason: str = Field(description="Why this action was chosen.")

@@ -17,9 +17,9 @@
   escalation ladder, Falcon ski-rental mitigation, re-planning on node
   return) fed by the live detectors and correlator through the probes
   (:mod:`vigil.sim.clustersim.probes`); its decisions are carried out by a
-  simulated actuator (:class:`SimActuator`) whose results (running, then
-  succeeded or failed) go back to the engine, as the action results of the
-  real actuators do. Re-planning is multi-job and WAF-optimal
+  simulated actuator (:mod:`vigil.sim.clustersim.actuator`: a backend behind
+  the real executor) whose results (running, then succeeded or failed) go
+  back to the engine, as the action results of the real actuators do. Re-planning is multi-job and WAF-optimal
   (:func:`vigil.actuators.planners.plan_workers` over every job, in nodes) with
   topology-aware placement (:func:`vigil.actuators.planners.place_job`);
   mitigations use the planners too (micro-batch rebalancing, straggler
@@ -33,398 +33,25 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections import Counter, deque
+from collections import Counter
 from typing import Any
 
 import numpy as np
 
-from vigil.actuators.planners import (
-    WafJob, consolidate_stragglers, place_best_fit, place_job, plan_workers, reroute_congested_link,
-)
+from vigil.actuators.planners import WafJob, plan_workers
+from vigil.schemas import GPUS_PER_NODE, Alert, Decision, JobState, NodeState, Source, from_seconds
+from vigil.sim.clustersim.actuator import SimActuator
+from vigil.sim.clustersim.baselines import PerJob, RestartOnly
 from vigil.sim.clustersim.engine import JobRun, Simulation
-from vigil.sim.clustersim.model import JobConfig, Topology, throughput_table
+from vigil.sim.clustersim.placement import fit, initial_placement, iteration_of, place
 from vigil.sim.clustersim.probes import FailSlowProbe, FailStopProbe
 from vigil.sim.clustersim.traces import FailStop
-from vigil.schemas import GPUS_PER_NODE, ActionResult, Alert, Decision, JobState, NodeState, Source, from_seconds
 from vigil.streams.engine.decisions import DEGRADATIONS, DecisionEngine
 from vigil.streams.engine.escalation import Escalation
 from vigil.streams.engine.incidents import Correlator
 from vigil.streams.engine.skirental import STRATEGIES, FailSlowMitigation
 
-__all__ = ["initial_placement", "RestartOnly", "PerJob", "Vigil", "SimActuator", "POLICIES"]
-
-_RESULT_NS = uuid.UUID("3f0c9b7e-5a1d-4e2f-9c8b-7d6e5f4a3b21")
-
-
-# -- shared helpers -------------------------------------------------------------
-
-
-def _place(topology: Topology, free: list[str], size: int, pp: int, prefer: list[str], method: str) -> list[list[str]]:
-    """A ``size // pp`` x ``pp`` grid from ``free`` nodes; ``prefer`` nodes come first in their minipods."""
-    first = [n for n in prefer if n in set(free)]
-    rest = [n for n in free if n not in set(first)]
-    pods = [p for p in topology.by_minipod(first + rest) if p]
-    # by_minipod keeps the order given: preferred nodes first inside each minipod
-    dp = size // pp
-    if method == "milp":
-        placed = place_job(pods, dp, pp, time_limit=10.0)
-    else:
-        placed = place_best_fit(pods, dp, pp)
-    nodes = list(placed.rank_nodes)
-    return [nodes[d * pp:(d + 1) * pp] for d in range(dp)]
-
-
-def initial_placement(jobs: list[JobConfig], topology: Topology, d_running: float = 86400.0,
-                      d_transition: float = 300.0) -> dict[str, list[list[str]]]:
-    """The WAF-optimal sizes on the whole cluster (Unicron), placed topology-aware (Arnold), largest first."""
-    specs = [WafJob(j.name, j.weight, j.minimum, throughput_table(j.model, j.size)) for j in jobs]
-    plan = plan_workers(specs, len(topology.nodes), d_running, d_transition)
-    alloc = plan.allocation
-    free = list(topology.nodes)
-    out: dict[str, list[list[str]]] = {}
-    for j in sorted(jobs, key=lambda j: (-alloc[j.name], j.name)):
-        size = alloc[j.name] // j.model.pp * j.model.pp
-        if size <= 0:
-            out[j.name] = []
-            continue
-        grid = _place(topology, free, size, j.model.pp, [], "milp")
-        used = {n for r in grid for n in r}
-        free = [n for n in free if n not in used]
-        out[j.name] = grid
-    return {j.name: out[j.name] for j in jobs}
-
-
-def _fit(job: JobRun, available: int, want: int) -> int:
-    """Largest usable size <= min(want, available): a multiple of pp, at least the minimum; else 0."""
-    pp = job.cfg.model.pp
-    size = min(want, available, job.cfg.size) // pp * pp
-    return size if size >= job.cfg.minimum else 0
-
-
-# -- restart-only ------------------------------------------------------------------
-
-
-class RestartOnly:
-    """Megatron-like recovery by hand (see the module docstring)."""
-
-    name = "restart-only"
-
-    def setup(self, sim: Simulation) -> None:
-        self._sim = sim
-        self.stage: dict[str, str] = {}
-        self.want: dict[str, int] = {name: j.size for name, j in sim.jobs.items()}
-        self.waiting: list[str] = []
-        self.restarts = 0
-
-    def on_failstop(self, sim: Simulation, fault: FailStop, job: JobRun | None) -> None:
-        if job is None:
-            return
-        sim.detected(fault, sim.costs.collective_timeout_s)
-        if self.stage.get(job.name) in ("timeout", "resubmit", "waiting"):
-            return  # the restart under way will start it afresh
-        self.stage[job.name] = "timeout"
-        sim.at(sim.now + sim.costs.collective_timeout_s, self._timed_out, job)
-
-    def _timed_out(self, job: JobRun) -> None:
-        self.stage[job.name] = "resubmit"
-        self._sim.at(self._sim.now + self._sim.costs.resubmit_s, self._resubmitted, job)
-
-    def _resubmitted(self, job: JobRun) -> None:
-        sim = self._sim
-        sim.release(job)
-        sim.cure(job, "exclude")  # a fresh launch on healthy nodes cures every fault
-        sim.set_off(job, "queued")
-        self.stage[job.name] = "waiting"
-        self.waiting.append(job.name)
-        if sim.costs.manual_shrink_s is not None:
-            sim.at(sim.now + sim.costs.manual_shrink_s, self._operator, job)
-        self._schedule()
-
-    def _operator(self, job: JobRun) -> None:
-        if self.stage.get(job.name) == "waiting":
-            smaller = _fit(job, len(self._sim.free_nodes()), self.want[job.name])
-            if smaller > 0:
-                self.want[job.name] = smaller
-                self._sim.record("operator_shrink", job=job.name, size=smaller)
-                self._schedule()
-
-    def _schedule(self) -> None:
-        sim = self._sim
-        for name in list(self.waiting):
-            job = sim.jobs[name]
-            free = sim.free_nodes()
-            need = self.want[name]
-            if len(free) < need:
-                continue  # backfill: later, smaller jobs may still start
-            grid = _place(sim.topology, free, need, job.cfg.model.pp, [], "best_fit")
-            sim.assign(job, grid)
-            self.waiting.remove(name)
-            self.stage[name] = "setup"
-            self.restarts += 1
-            sim.resume(job, sim.costs.setup_s, rollback=True, reason="setup")
-
-    def on_node_up(self, sim: Simulation, node: str) -> None:
-        self._schedule()
-
-    def on_level(self, sim: Simulation, job: JobRun) -> None:
-        return None
-
-    def finish(self, sim: Simulation) -> dict[str, Any]:
-        return {"restarts": self.restarts, "still_waiting": sorted(self.waiting)}
-
-
-# -- per-job reconfiguration --------------------------------------------------------
-
-
-class PerJob:
-    """Oobleck/Bamboo-like: in-band detection, only the failed job re-plans (see the module docstring)."""
-
-    name = "per-job"
-
-    def setup(self, sim: Simulation) -> None:
-        self.probe = FailStopProbe(None, transport_s=0.05, seed=sim.seed)
-        self.short: list[str] = []
-        self.actions: Counter[str] = Counter()
-
-    def on_failstop(self, sim: Simulation, fault: FailStop, job: JobRun | None) -> None:
-        if job is None:
-            return
-        found = self.probe.detect(fault, job.name, job.nodes, _iter(job), sim.abs())
-        latency = found[0][0] if found else sim.costs.collective_timeout_s
-        sim.detected(fault, latency)
-        sim.at(sim.now + latency, self._recover, sim, job)
-
-    def _recover(self, sim: Simulation, job: JobRun) -> None:
-        if not job.faults and not sim.has_dead_node(job):
-            return  # an earlier recovery already covers it
-        if sim.has_dead_node(job):
-            sim.release(job)
-            sim.cure(job, "exclude")
-            size = _fit(job, len(sim.free_nodes()), job.cfg.size)
-            self.actions["reconfigure"] += 1
-            if size == 0:
-                sim.set_off(job, "no nodes")
-            else:
-                sim.assign(job, _place(sim.topology, sim.free_nodes(), size, job.cfg.model.pp, [], "best_fit"))
-                sim.resume(job, sim.costs.transition_s, rollback=True, reason="reconfigure")
-            if size < job.cfg.size and job.name not in self.short:
-                self.short.append(job.name)
-        else:
-            sim.cure(job, "restart")
-            self.actions["restart"] += 1
-            sim.resume(job, sim.costs.restart_s, rollback=True, reason="restart")
-
-    def on_node_up(self, sim: Simulation, node: str) -> None:
-        for name in list(self.short):
-            job = sim.jobs[name]
-            if job.blocked or job.phase == "down":
-                continue  # busy recovering: it grows at its next chance
-            free = sim.free_nodes()
-            size = _fit(job, len(free) + job.size, job.cfg.size)
-            if size <= job.size:
-                continue
-            was_off = job.phase == "off"
-            prefer = job.nodes
-            sim.release(job)
-            sim.assign(job, _place(sim.topology, sim.free_nodes(), size, job.cfg.model.pp, prefer, "best_fit"))
-            self.actions["grow"] += 1
-            if was_off:
-                sim.resume(job, sim.costs.transition_s, rollback=True, reason="reconfigure")
-            else:
-                sim.pause(job, sim.costs.transition_s, "transition")
-            if size >= job.cfg.size:
-                self.short.remove(name)
-
-    def on_level(self, sim: Simulation, job: JobRun) -> None:
-        return None
-
-    def finish(self, sim: Simulation) -> dict[str, Any]:
-        return {"actions": dict(sorted(self.actions.items())), "probes": self.probe.probes}
-
-
-def _iter(job: JobRun) -> float:
-    return job.healthy_iter_s if math.isfinite(job.healthy_iter_s) else 10.0
-
-
-# -- vigil -----------------------------------------------------------------------------
-
-
-class SimActuator:
-    """Carries out vigil's decisions on the simulated cluster, one at a time per job, and reports results.
-
-    Effects start with the action (the job stops, is re-planned, resumes
-    after the action's duration); the verdict comes at its end: ``failed``
-    when the job cannot run (a node is unreachable) or failed again while
-    the action ran, else ``succeeded``. ``notify_human`` succeeds at once,
-    as with the real executor; an operator looks at the job
-    ``Costs.operator_s`` later and restarts it on healthy nodes if it is
-    still broken. A reconfiguration of a job that holds none of the
-    excluded nodes and has no fault is a no-op.
-    """
-
-    def __init__(self, vigil: "Vigil") -> None:
-        self.v = vigil
-        self.queue: dict[str, deque[Decision]] = {}
-        self.seen: set[uuid.UUID] = set()
-        self.busy: dict[str, tuple[Decision, float]] = {}
-        self.counts: Counter[str] = Counter()
-        self.failed: Counter[str] = Counter()
-        self.humans = 0
-        self.human_restarts = 0
-
-    def submit(self, d: Decision) -> None:
-        if d.decision_id in self.seen:
-            return  # idempotent by decision id, as the real actuators are
-        self.seen.add(d.decision_id)
-        job = d.target.job
-        if job is None or job not in self.v.sim.jobs:
-            self._report(d, "running")
-            detail = self._global(d)
-            self._report(d, "succeeded", detail)
-            return
-        self.queue.setdefault(job, deque()).append(d)
-        if job not in self.busy:
-            self._next(job)
-
-    def _next(self, name: str) -> None:
-        q = self.queue.get(name)
-        if not q or name in self.busy:
-            return
-        d = q.popleft()
-        sim = self.v.sim
-        self.busy[name] = (d, sim.now)
-        self.counts[d.action] += 1
-        self._report(d, "running")
-        duration = self._start(d, sim.jobs[name])
-        sim.at(sim.now + duration, self._end, name, d)
-
-    def _end(self, name: str, d: Decision) -> None:
-        sim = self.v.sim
-        _, started = self.busy.pop(name)
-        job = sim.jobs[name]
-        new_faults = [f for f in job.faults if f.t >= started]
-        dead = job.grid and sim.has_dead_node(job)
-        if d.action in ("retry_in_place", "restart_process", "reconfigure") and (new_faults or dead):
-            why = "a node is unreachable" if dead else f"failed again during the action ({new_faults[0].label})"
-            self.failed[d.action] += 1
-            self._report(d, "failed", f"{d.action} of {name}: {why}")
-        else:
-            self._report(d, "succeeded", f"{d.action} of {name} done")
-            for fault in self.v.recur.pop(d.decision_id, []):
-                again = FailStop(sim.now + sim.costs.recur_s, fault.node, fault.severity, fault.kind, fault.detail,
-                                 "restart")
-                sim.at(again.t, sim.inject, again)
-        self._next(name)
-
-    # -- effects -------------------------------------------------------------
-    def _start(self, d: Decision, job: JobRun) -> float:
-        sim, c = self.v.sim, self.v.sim.costs
-        a = d.action
-        if a == "retry_in_place":
-            if sim.has_dead_node(job):
-                return c.retry_s
-            remaining = sim.cure(job, "retry")
-            if remaining:  # a retry does not cure it: it comes back once the job runs again
-                self.v.recur[d.decision_id] = remaining
-                sim.cure(job, "restart")
-            sim.resume(job, c.retry_s, rollback=False, reason="retry")
-            return c.retry_s
-        if a == "restart_process":
-            if sim.has_dead_node(job):
-                return c.restart_fail_s
-            sim.cure(job, "restart")
-            sim.resume(job, c.restart_s, rollback=True, reason="restart")
-            return c.restart_s
-        if a == "reconfigure":
-            excluded = set(d.plan.get("exclude_nodes") or []) if isinstance(d.plan, dict) else set()
-            dead = {n for n in job.nodes if not sim.usable(n)}
-            mine = (excluded & set(job.nodes)) | dead
-            if not mine and not job.faults:
-                return 1.0  # nothing of this job to move (the engine remembers nodes the job has left)
-            for n in sorted(mine - dead):
-                sim.drain(n, sim.now + c.health_check_s, f"excluded by {d.decision_id}")
-                self.v.node_state(n, "drained", "excluded by vigil")
-            for n in sorted(dead):
-                self.v.node_state(n, "lost", "unreachable")
-            sim.cure(job, "exclude")
-            self.v.replan(failed=job.name, pause_failed=c.transition_s, rollback=True)
-            return c.transition_s
-        if a == "notify_human":
-            # As the real executor: nothing runs, the result is immediate; the human acts out of band.
-            sim.at(sim.now + c.operator_s, self._human, job)
-            return 0.0
-        if a == "rebalance_microbatches":
-            if job.dp < 2 or not sim.slow_gpus(job):
-                return 0.0  # a single replica (or no slow GPU): nothing to move, the job is not stopped
-            job.s2 = True
-            sim.pause(job, c.rebalance_s, "failslow")
-            return c.rebalance_s
-        if a == "adjust_topology":
-            grid = [list(r) for r in job.grid]
-            slow = sim.slow_gpus(job)
-            staged = False
-            if slow and len(grid[0]) > 1:  # gather the stragglers into the fewest stages, then give those fewer layers
-                grid = [list(r) for r in consolidate_stragglers(grid, sorted(slow)).grid]
-                staged = True
-            for fs, partner in sim.active_slows(job):
-                if fs.cause == "communication" and partner is not None and len(grid[0]) > 1:
-                    nodes = {n for r in grid for n in r}
-                    if fs.node in nodes and partner in nodes:
-                        grid = [list(r) for r in reroute_congested_link(grid, (fs.node, partner)).grid]
-            if not staged and grid == job.grid:
-                return 0.0  # nothing to adjust (a single stage): the job is not stopped
-            job.s3 = job.s3 or staged
-            sim.swap_grid(job, grid)
-            sim.pause(job, c.topology_s, "failslow")
-            return c.topology_s
-        if a == "checkpoint_restart":
-            culprits = sorted({fs.node for fs, _ in sim.active_slows(job) if fs.node in set(job.nodes)})
-            sim.leave_stragglers(job)
-            for n in culprits:
-                sim.drain(n, None, "straggler left by checkpoint-restart")
-                self.v.node_state(n, "drained", "straggler")
-            self.v.replan(failed=job.name, pause_failed=c.checkpoint_save_s + c.restart_s, rollback=False,
-                          reason="failslow")
-            return c.checkpoint_save_s + c.restart_s
-        return 1.0
-
-    def _human(self, job: JobRun) -> None:
-        """An operator looks at the job: if it is still broken, restarts it on healthy nodes."""
-        sim = self.v.sim
-        self.humans += 1
-        broken = job.blocked or (job.grid and sim.has_dead_node(job)) or \
-            (job.phase == "down" and job.down_reason == "failure")
-        if job.name in self.busy:
-            sim.record("operator", job=job.name, did="nothing: an action is under way")
-            return
-        if not broken:
-            sim.record("operator", job=job.name, did="nothing: the job runs")
-            return
-        sim.record("operator", job=job.name, did="restart on healthy nodes")
-        self.human_restarts += 1
-        sim.cure(job, "exclude")
-        self.v.replan(failed=job.name, pause_failed=sim.costs.restart_s, rollback=True)
-
-    def _global(self, d: Decision) -> str:
-        if d.action == "isolate_node" and d.target.node:
-            return f"{d.target.node} runs no job: left to repair"
-        alloc = d.plan.get("allocation") if isinstance(d.plan, dict) else None
-        if not isinstance(alloc, dict):
-            return "no allocation in the plan"
-        changed = self.v.apply(alloc, failed=None)
-        return f"re-planned {len(changed)} job(s)"
-
-    def _report(self, d: Decision, state: str, detail: str = "") -> None:
-        sim = self.v.sim
-        self.counts_state = getattr(self, "counts_state", Counter())
-        self.counts_state[state] += 1
-        res = ActionResult(
-            event_id=uuid.uuid5(_RESULT_NS, f"{d.decision_id}|{state}"), event_time=from_seconds(sim.abs()),
-            source=Source(cluster="sim", job=d.target.job), decision_id=d.decision_id, state=state,  # type: ignore[arg-type]
-            backend="sim", detail=detail[:500])
-        sim.emit([res])
-        sim.record("action_result", action=d.action, job=d.target.job, state=state, detail=detail[:120])
-        self.v.handle(self.v.engine.on_action_result(res, sim.abs()))
+__all__ = ["initial_placement", "RestartOnly", "PerJob", "Vigil", "POLICIES"]
 
 
 class Vigil:
@@ -563,12 +190,12 @@ class Vigil:
             if fault.severity == 1:
                 self.node_state(fault.node, "lost", fault.label)
             return
-        found = self.stops.detect(fault, job.name, job.nodes, _iter(job), sim.abs(), sim.emit)
+        found = self.stops.detect(fault, job.name, job.nodes, iteration_of(job), sim.abs(), sim.emit)
         if not found:  # missed in-band: the collective timeout raises an NCCL timeout
             late = FailStop(fault.t, fault.node, 3, "exception", "nccl_timeout", fault.cure)
             timeout = sim.costs.collective_timeout_s
             found = [(latency + timeout, alerts) for latency, alerts in
-                     self.stops.detect(late, job.name, job.nodes, _iter(job), sim.abs() + timeout, sim.emit)]
+                     self.stops.detect(late, job.name, job.nodes, iteration_of(job), sim.abs() + timeout, sim.emit)]
         sim.detected(fault, found[0][0] if found else None)
         for latency, alerts in found:
             sim.at(sim.now + latency, self.deliver, alerts)
@@ -585,7 +212,7 @@ class Vigil:
 
     # -- re-planning (Unicron) and placement (Arnold) ---------------------------------
     def _replan_decision(self, jobs: dict[str, JobState], healthy: set[str]) -> dict[str, Any]:
-        return {"allocation": self.allocate(failed=None)}
+        return {"workers": self.allocate(failed=None)}
 
     def allocate(self, failed: str | None) -> dict[str, int]:
         """WAF-optimal sizes (in nodes) of the jobs that can move, on the healthy nodes they may use."""
@@ -628,9 +255,9 @@ class Vigil:
             sim.release(sim.jobs[name])
         for name in sorted(changed, key=lambda n: (-alloc.get(n, 0), n)):
             j = sim.jobs[name]
-            size = _fit(j, len(sim.free_nodes()), alloc.get(name, 0))
+            size = fit(j, len(sim.free_nodes()), alloc.get(name, 0))
             if size > 0:
-                sim.assign(j, _place(sim.topology, sim.free_nodes(), size, j.cfg.model.pp, previous[name], "milp"))
+                sim.assign(j, place(sim.topology, sim.free_nodes(), size, j.cfg.model.pp, previous[name], "milp"))
         for name in changed:
             j = sim.jobs[name]
             if not j.grid:
@@ -733,7 +360,10 @@ class Vigil:
                 self.deliver(alerts)
 
     def finish(self, sim: Simulation) -> dict[str, Any]:
+        self.actuator.close()
+        refused = self.actuator.refused
         return {
+            "actions_refused": dict(sorted(refused.items())),
             "decisions": dict(sorted(self.decisions.items())),
             "alerts": dict(sorted(self.alerts.items())),
             "actions": dict(sorted(self.actuator.counts.items())),

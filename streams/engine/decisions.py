@@ -234,7 +234,11 @@ class DecisionEngine:
             self.mitigation.start(job, float(before), float(after), cls, now, onset=to_seconds(alert.onset_time),
                                   strategies=self._strategies(job),
                                   restart_shrink=self._restart_shrink(job, node if isinstance(node, str) else None))
-            self._failslow_ctx.setdefault(job, (node if isinstance(node, str) else None, float(before), float(after), cls))
+            known = self._failslow_ctx.get(job)
+            if known is None:
+                self._failslow_ctx[job] = (node, float(before), float(after), cls)
+            elif known[0] is None and node is not None:  # localized since: the plans can name the straggler
+                self._failslow_ctx[job] = (node, *known[1:])
             answered = self._failslow_incident.setdefault(job, [])
             if alert.incident_id not in answered:
                 answered.append(alert.incident_id)
@@ -380,7 +384,7 @@ class DecisionEngine:
         return [Decision(
             event_id=uuid.uuid5(_DECISION_NS, f"event|{key}"), event_time=from_seconds(now),
             source=Source(cluster=self.cluster), decision_id=uuid.uuid5(_DECISION_NS, key), idempotency_key=key,
-            action="reconfigure", target=Subject(), reason=f"re-plan all jobs: {trigger}", plan=plan)]
+            action="replan", target=Subject(), reason=f"re-plan all jobs: {trigger}", plan=plan)]
 
     # -- timers ------------------------------------------------------------
     def tick(self, now: float) -> list[Envelope]:

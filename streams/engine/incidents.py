@@ -296,6 +296,17 @@ def _jobs(inc: Incident) -> dict[str, list[str]]:
 
 
 def _slowdowns(inc: Incident) -> list[Slowdown]:
-    """The incident's fail-slows with their before and after levels, in the order they joined it."""
-    return [m.slowdown for m in inc.members.values() if m.kind == "fail_slow" and m.slowdown is not None
-            and m.slowdown.job and m.slowdown.before_s and m.slowdown.after_s]
+    """The incident's fail-slows with their before and after levels, in the order they joined it; where a
+    straggler of the same job was localized in the incident, its node and GPU too."""
+    where = {m.subject.job: m.slowdown for m in inc.members.values()
+             if m.kind == "straggler" and m.slowdown is not None and m.slowdown.node is not None}
+    out = []
+    for m in inc.members.values():
+        s = m.slowdown
+        if m.kind != "fail_slow" or s is None or not s.job or not s.before_s or not s.after_s:
+            continue
+        found = where.get(s.job)
+        if s.node is None and found is not None:
+            s = s.model_copy(update={"node": found.node, "gpu": found.gpu})
+        out.append(s)
+    return out

@@ -200,7 +200,7 @@ def test_arrival_finish_and_join_trigger_replanning():
     for n in ("n1", "n2"):
         assert eng.on_state(NodeState(event_time=t, source=Source(node=n), state="healthy"), 0) == []
     (d,) = eng.on_state(JobState(event_time=t, source=Source(job="a"), state="running", nodes=["n1"]), 1)
-    assert d.action == "reconfigure" and d.plan["trigger"] == "job a arrived" and d.plan["allocations"] == {"a": 1}
+    assert d.action == "replan" and d.plan["trigger"] == "job a arrived" and d.plan["allocations"] == {"a": 1}
     assert eng.on_state(JobState(event_time=t, source=Source(job="a"), state="running", nodes=["n1"]), 2) == []
     assert eng.on_state(NodeState(event_time=t, source=Source(node="n2"), state="lost"), 3) == []
     (d,) = eng.on_state(NodeState(event_time=t, source=Source(node="n2"), state="repaired"), 4)

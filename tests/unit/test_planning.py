@@ -76,4 +76,4 @@ def test_a_node_coming_back_replans_with_the_planner():
     eng.on_state(NodeState(event_time=T0, source=Source(node="n3"), state="lost"), 1)
     eng.on_state(job("a", ["n1", "n2"], dp=2, pp=1), 2)
     (d,) = eng.on_state(NodeState(event_time=T0, source=Source(node="n3"), state="repaired"), 3)
-    assert d.action == "reconfigure" and d.plan["allocations"]["a"][:2] == ["n1", "n2"]
+    assert d.action == "replan" and d.plan["allocations"]["a"][:2] == ["n1", "n2"]
