@@ -11,6 +11,8 @@ from __future__ import annotations
 import sys
 
 from vigil.cli import stack, agent, actuate, bench  # noqa: F401,I001  (each registers its commands, in this order)
+from vigil.cli import scrape  # noqa: F401,E402  (vigil scrape)
+from vigil.cli import notify  # noqa: F401,E402  (vigil notify)
 from vigil.cli.common import app
 
 __all__ = ["app", "main"]
