@@ -51,3 +51,7 @@ def _allowed(state: object) -> str:
     except (ValueError, KeyError):
         return "[] (unknown state)"
     return "[" + ", ".join(t.value for t in sorted(targets, key=lambda s: s.value)) + "]" if targets else "none (terminal)"
+
+
+class ActionCancelled(ActuatorError):
+    """The action was stopped before it finished because its actuator is stopping (a ``cancelled`` result)."""

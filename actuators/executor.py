@@ -37,7 +37,7 @@ from datetime import datetime
 from typing import Callable, Iterable
 
 from vigil.actuators.backends.base import Backend, Outcome
-from vigil.actuators.errors import PlanError
+from vigil.actuators.errors import ActionCancelled, PlanError
 from vigil.actuators.inventory import Inventory
 from vigil.actuators.ledger import Ledger, LedgerRecord
 from vigil.actuators.plans import NAME_RE, NO_MACHINE_ACTIONS, Action, parse_action
@@ -222,6 +222,8 @@ class Executor:
             if not outcome.state.terminal and not (outcome.state is ActionState.running
                                                    and getattr(self.backend, "asynchronous", False)):
                 raise ValueError(f"backend {self.backend.name} returned the non-final state {outcome.state.value}")
+        except ActionCancelled as exc:
+            outcome = Outcome(ActionState.cancelled, f"not finished: {exc}")
         except Exception as exc:
             log.exception("backend %s failed on decision %s", self.backend.name, did)
             outcome = Outcome(ActionState.failed, f"backend {self.backend.name} raised {type(exc).__name__}: {exc}")

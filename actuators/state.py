@@ -4,13 +4,15 @@
 
     pending --> running --> succeeded
        |           |------> failed
-       |           '------> timed_out
+       |           |------> timed_out
+       |           '------> cancelled  (the actuator stopped before it finished: no verdict)
        '------> failed            (refused before anything ran)
 
 ``pending``: the decision is recorded in the ledger, nothing has run.
 ``running``: the backend was asked to act; its effect may be partial until
-a final state is recorded. ``succeeded``, ``failed`` and ``timed_out`` are
-terminal. Every other move raises :class:`~vigil.actuators.errors.InvalidTransition`.
+a final state is recorded. ``succeeded``, ``failed``, ``timed_out`` and
+``cancelled`` are terminal; ``cancelled`` says nothing about the remedy (the
+job is being stopped), so nothing escalates on it. Every other move raises :class:`~vigil.actuators.errors.InvalidTransition`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class ActionState(str, Enum):
     succeeded = "succeeded"
     failed = "failed"
     timed_out = "timed_out"
+    cancelled = "cancelled"
 
     @property
     def terminal(self) -> bool:
@@ -37,13 +40,15 @@ class ActionState(str, Enum):
 #: From each state, the states it may move to.
 TRANSITIONS: dict[ActionState, frozenset[ActionState]] = {
     ActionState.pending: frozenset({ActionState.running, ActionState.failed}),
-    ActionState.running: frozenset({ActionState.succeeded, ActionState.failed, ActionState.timed_out}),
+    ActionState.running: frozenset({ActionState.succeeded, ActionState.failed, ActionState.timed_out,
+                                    ActionState.cancelled}),
     ActionState.succeeded: frozenset(),
     ActionState.failed: frozenset(),
     ActionState.timed_out: frozenset(),
+    ActionState.cancelled: frozenset(),
 }
 
-TERMINAL = frozenset({ActionState.succeeded, ActionState.failed, ActionState.timed_out})
+TERMINAL = frozenset({ActionState.succeeded, ActionState.failed, ActionState.timed_out, ActionState.cancelled})
 
 
 def check_transition(from_state: ActionState | str, to_state: ActionState | str, decision_id: object) -> ActionState:

@@ -31,6 +31,8 @@ class Progress:
     step: int
     end: float
     duration_s: float
+    #: When the worker heard of it (its clock): arrival minus end is the delivery delay.
+    arrived: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -184,13 +184,32 @@ class TrainingException(Envelope):
 GPUS_PER_NODE = 8
 
 
+#: Job states that end a job (its detection stops; its incidents of the past resolve).
+JOB_ENDED = frozenset({"completed", "failed", "cancelled", "preempted", "time_limit"})
+#: Node states in which a node is out of service on purpose: its silence is no loss.
+NODE_AWAY = frozenset({"leaving", "drained", "maintenance"})
+
+
 class JobState(Envelope):
-    """A job's spec and lifecycle state (published on submit and on every change)."""
+    """A job's spec and lifecycle state (published on submit and on every change).
+
+    A job ends ``completed`` (every rank exited 0), ``failed`` (its launcher
+    gave up), ``cancelled`` (the scheduler or a user stopped it),
+    ``preempted`` or ``time_limit`` (it saved and left before the scheduler
+    killed it). None of these is a failure to page about.
+    """
 
     event_type: Literal["job_state"] = Field("job_state", description="Event type tag.")
-    state: Literal["pending", "running", "restarting", "completed", "failed", "cancelled"] = Field(
-        description="Lifecycle state of the job."
-    )
+    state: Literal["pending", "running", "restarting", "completed", "failed", "cancelled", "preempted",
+                   "time_limit"] = Field(description="Lifecycle state of the job.")
+    reason: str = Field("", max_length=2000, description="Why the state changed, for a human.")
+    exit_codes: dict[str, int] = Field(default_factory=dict, description="Global rank -> exit code (negative: "
+                                       "killed by that signal), when the job's processes ended.")
+    restart_count: int = Field(0, ge=0, description="Restarts of the job's processes so far.")
+    run: str | None = Field(None, min_length=1, max_length=256, description="The training run this job belongs to: "
+                            "one run across a chain of jobs that resume each other.")
+    checkpoint_step: int | None = Field(None, ge=0, description="Step of the checkpoint the job saved on leaving.")
+    checkpoint_s: float | None = Field(None, ge=0, description="Seconds that checkpoint took.")
     nodes: list[str] = Field(default_factory=list, description="Nodes the job runs on.")
     gpus: int = Field(0, ge=0, description="GPUs the job holds.")
     dp: int = Field(1, ge=1, description="Data-parallel size.")
@@ -201,13 +220,35 @@ class JobState(Envelope):
 
 
 class NodeState(Envelope):
-    """A node's availability as vigil or the scheduler sees it."""
+    """A node's availability as vigil or the scheduler sees it.
+
+    ``joined``: an agent started on it and it passed its health check;
+    ``unhealthy``: it failed that check and stays out of capacity;
+    ``leaving``: its agent stopped cleanly (its silence is no loss);
+    ``drained`` / ``maintenance``: taken out of service on purpose;
+    ``repaired``: back from repair (it still has to pass its check).
+    """
 
     event_type: Literal["node_state"] = Field("node_state", description="Event type tag.")
-    state: Literal["healthy", "degraded", "drained", "lost", "repaired", "joined"] = Field(
-        description="Availability of the node."
-    )
-    reason: str = Field("", description="Why the state changed.")
+    state: Literal["healthy", "degraded", "drained", "lost", "repaired", "joined", "leaving", "maintenance",
+                   "unhealthy"] = Field(description="Availability of the node.")
+    reason: str = Field("", max_length=2000, description="Why the state changed.")
+    checks: dict[str, str] = Field(default_factory=dict, description="Health checks run before joining: "
+                                   "name -> 'ok' or what failed.")
+
+
+class Checkpoint(Envelope):
+    """A training process saving a checkpoint: its start and its end (the hooks' ``mon.checkpoint()``).
+
+    While a checkpoint is under way the job makes no progress on purpose:
+    hang detection waits for it, and its duration is what a graceful exit
+    before a time limit must leave room for.
+    """
+
+    event_type: Literal["checkpoint"] = Field("checkpoint", description="Event type tag.")
+    step: int = Field(ge=0, description="Training step the checkpoint saves.")
+    phase: Literal["started", "completed", "failed"] = Field(description="Which end of the checkpoint this is.")
+    duration_s: float | None = Field(None, ge=0, description="Seconds it took (on completed or failed).")
 
 
 # --- what vigil says --------------------------------------------------------
@@ -307,7 +348,8 @@ class ActionResult(Envelope):
 
     event_type: Literal["action_result"] = Field("action_result", description="Event type tag.")
     decision_id: uuid.UUID = Field(description="Decision this result belongs to.")
-    state: Literal["pending", "running", "succeeded", "failed", "timed_out"] = Field(description="State reached.")
+    state: Literal["pending", "running", "succeeded", "failed", "timed_out", "cancelled"] = Field(
+        description="State reached (cancelled: its actuator stopped first; no verdict on the remedy).")
     backend: str = Field(description="Executor that ran it: local, slurm, kubernetes, dry-run.")
     detail: str = Field("", description="What happened, for a human.")
 
@@ -380,7 +422,8 @@ class WatchdogReport(Envelope):
 
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     IterationTiming, IterationStep, CollectiveCall, XidError, NicCounters, GpuTelemetry, Heartbeat,
-    ProcessExit, TrainingException, JobState, NodeState, DetectorFinding, Alert, Decision, ActionResult, DeadLetter,
+    ProcessExit, TrainingException, JobState, NodeState, Checkpoint, DetectorFinding, Alert, Decision, ActionResult,
+    DeadLetter,
     AgentHealth, EventsDropped, WatchdogReport,
 )
 

@@ -47,6 +47,7 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("telemetry.exceptions", "training_exception", "job", 4, "Training exceptions."),
         TopicSpec("state.jobs", "job_state", "job", 4, "Job specs and lifecycle."),
         TopicSpec("state.nodes", "node_state", "node", 4, "Node availability."),
+        TopicSpec("telemetry.checkpoints", "checkpoint", "job", 8, "Checkpoints of training processes: start and end."),
         # One partition: one correlator sees every finding (findings are rare).
         TopicSpec("findings", "finding", "cluster", 1, "Detector findings, before correlation."),
         TopicSpec("alerts", "alert", "incident", 4, "Incidents: open, update, resolved."),

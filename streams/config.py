@@ -42,6 +42,9 @@ class StreamConfig:
     recovery_window_s: float = 600.0
     #: Run the decision engine next to the correlator (alerts -> decisions).
     decide: bool = True
+    #: Decide multi-job re-plans (``replan``) when jobs come and go and nodes join: only where an
+    #: actuator carries them out (most clusters' schedulers place their own jobs).
+    replan: bool = False
     #: The detection engine's parameters (detector settings by name, plugins).
     engine: "EngineParams" = field(default_factory=_engine_defaults)
     #: Arguments of the escalation ladder (:class:`~vigil.streams.engine.escalation.Escalation`).

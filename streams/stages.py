@@ -30,7 +30,8 @@ from typing import Any
 
 from vigil.detectors import DetectorError
 from vigil.schemas import (
-    TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, JobState, NodeState, decode,
+    JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, JobState, NodeState,
+    decode, to_seconds,
 )
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine
@@ -108,6 +109,12 @@ class DetectStage:
             if name:
                 known.add(name)
 
+    def on_lifecycle(self, event: Envelope, now: float) -> list[DetectorFinding]:
+        """A job or node state (read by every worker: the subject may be on any of them)."""
+        if isinstance(event, (JobState, NodeState)):
+            return self.engine.on_lifecycle(event, now)
+        return []
+
     def keep_only(self, kept: set[tuple[str, int]]) -> None:
         """Forget the subjects of every partition not in ``kept`` (it moved to another worker)."""
         for place in [p for p in self.subjects_of if p not in kept]:
@@ -148,15 +155,20 @@ class CorrelateStage:
 
     def on_feedback(self, event: Envelope, now: float, live: bool) -> list[Envelope]:
         """An action result or a job/node state; what it decides is published only when ``live``."""
+        out: list[Envelope] = []
+        if isinstance(event, JobState) and event.state in JOB_ENDED and event.source.job:
+            # a job that ended takes its incidents with it (their cause, the job, is gone)
+            for alert in self.correlator.job_ended(event.source.job, to_seconds(event.event_time), event.state):
+                out += self._alert(alert, now, replay=not live)
         if self.decider is None:
-            return []
+            return out
         if isinstance(event, ActionResult):
-            out = self.decider.on_action_result(event, now)
+            decided = self.decider.on_action_result(event, now)
         elif isinstance(event, (JobState, NodeState)):
-            out = self.decider.on_state(event, now)
+            decided = self.decider.on_state(event, now)
         else:
-            return []
-        return self._decided(out, now, replay=not live)
+            return out
+        return out + self._decided(decided, now, replay=not live)
 
     def tick(self, now: float) -> list[Envelope]:
         out: list[Envelope] = []

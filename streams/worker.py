@@ -34,7 +34,7 @@ from typing import Any, Callable
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, Consumer, KafkaError, KafkaException, Producer, \
     TopicPartition
 
-from vigil.schemas import Alert, Decision, DetectorFinding, Envelope, decode, encode, message_key
+from vigil.schemas import Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, encode, message_key
 from vigil.streams.config import StreamConfig
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine, EngineParams
@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 __all__ = ["TELEMETRY", "FEEDBACK", "Worker", "run_worker"]
 
 #: Telemetry the detection stage reads.
-TELEMETRY = ("heartbeat", "node_samples", "iteration", "iteration_step", "collective", "xid", "nic_counters",
-             "gpu_telemetry", "process_exit", "training_exception")
+TELEMETRY = ("heartbeat", "node_samples", "iteration", "iteration_step", "collective", "checkpoint", "xid",
+             "nic_counters", "gpu_telemetry", "process_exit", "training_exception")
 #: What the broadcast reader follows.
 FEEDBACK = ("action_result", "job_state", "node_state", "alert", "decision")
 
@@ -153,7 +153,7 @@ class Worker:
             params = EngineParams(**{**params.__dict__, "plugins": tuple(self.plugins.values())})
         correlator = Correlator()
         decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
-                                 replan=replan) if config.decide else None
+                                 replan=replan if config.replan else None) if config.decide else None
         self.detect = DetectStage(DetectionEngine(params), key_of_topics(config, TELEMETRY))
         self.correlate = CorrelateStage(correlator, decider)
         self.findings_topic = config.topic("finding")
@@ -280,6 +280,8 @@ class Worker:
             if isinstance(ev, (Alert, Decision)):
                 self.correlate.learn_published([ev])
             else:
+                if isinstance(ev, (JobState, NodeState)):  # every worker: its jobs and nodes may be among them
+                    self._found(self.detect.on_lifecycle(ev, now), now)
                 self._heard_back.append((ev, live))
         if self.owns_correlation and not self._broadcast.caught_up:
             return  # what was published before it started must be known before it publishes

@@ -71,6 +71,9 @@ class Settings(BaseSettings):
                                      description="Log replayed to rebuild state on takeover.")
     decide: bool = Field(_default(StreamConfig, "decide"),
                          description="Run the decision engine next to the correlator (alerts -> decisions).")
+    replan: bool = Field(_default(StreamConfig, "replan"),
+                         description="Decide multi-job re-plans when jobs come and go and nodes join (only where an "
+                         "actuator carries them out; schedulers place their own jobs).")
     sink_decode_processes: int | None = Field(
         None, ge=0, description="Processes the history sink decodes large batches in; "
         "default: one per core, up to 4; 0 = in the sink's own thread.")
@@ -144,6 +147,7 @@ class Settings(BaseSettings):
             kafka_security=self.kafka_security(), session_timeout_s=self.session_timeout_s,
             heartbeat_interval_s=self.heartbeat_interval_s, fetch_max_wait_ms=self.fetch_max_wait_ms,
             tick_interval_s=self.tick_interval_s, recovery_window_s=self.recovery_window_s, decide=self.decide,
+            replan=self.replan,
             engine=EngineParams(detectors=self.detector_params()), escalation=self.escalation_params(),
         )
         values.update(overrides)

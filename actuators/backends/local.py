@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
 from vigil.actuators.backends.base import Outcome, as_action, unsupported
-from vigil.actuators.errors import ActuatorError
+from vigil.actuators.errors import ActuatorError, ActionCancelled
 from vigil.actuators.plans import Action
 from vigil.actuators.state import ActionState
 from vigil.schemas.control import ControlError, control_path, send_command
@@ -141,6 +141,8 @@ class LocalBackend:
                 return Outcome(ActionState.succeeded, f"dry run: would restart ranks {here} of job {job}", argv)
             try:
                 self.control.restart(job, reason)
+            except ActionCancelled:
+                raise
             except Exception as exc:
                 return Outcome(ActionState.failed, f"restart of job {job} failed: {type(exc).__name__}: {exc}", argv)
             return Outcome(ActionState.succeeded, f"restarted ranks {here} of job {job}", argv)
@@ -158,6 +160,8 @@ class LocalBackend:
 
         try:
             self.control.restart(job, reason, wait_s=self.checkpoint_wait_s, prepare=ask_to_save)
+        except ActionCancelled:
+            raise
         except Exception as exc:
             ok = asked["ok"]
             return Outcome(ActionState.failed, f"ranks {ok} asked to save and exit, then the restart of job {job} "

@@ -79,6 +79,7 @@ class ProcessSupervisor(Collector):
         self._lock = threading.RLock()  # collect() and restart() run on different threads
         self._restarting = False
         self._closed = False  # terminate() was called: no more restarts
+        self._wake = threading.Event()
         self._carried: list[tuple[int, subprocess.Popen, int]] = []  # exits seen by restart(), reported by collect()
 
     def rank_env(self, local_rank: int) -> dict[str, str]:
@@ -118,6 +119,11 @@ class ProcessSupervisor(Collector):
             finally:
                 if out is not None:
                     out.close()
+
+    @property
+    def closed(self) -> bool:
+        """:meth:`terminate` was called: the supervisor is stopping and restarts no more."""
+        return self._closed
 
     @property
     def done(self) -> bool:
@@ -194,32 +200,40 @@ class ProcessSupervisor(Collector):
                      self.node_rank * self.nproc + lr, p.pid, reason, p.returncode)
 
     def restart(self, reason: str, *, grace_s: float = 10.0, wait_s: float = 0.0,
-                prepare: Callable[[], bool] | None = None) -> int:
+                prepare: Callable[[], bool] | None = None, delay_s: float = 0.0) -> int:
         """Stop every rank (SIGTERM, SIGKILL after ``grace_s``) and launch them all again; return the restart count.
 
         The new ranks get the same environment with ``VIGIL_RESTART_COUNT``
-        one higher. ``prepare`` (optional) runs first, once the live ranks
-        are marked as stopped on purpose (so their exits are not reported);
-        if it returns True (e.g. it asked them to save and exit) the ranks
-        get ``wait_s`` to exit on their own. Raises what launching raises.
+        one higher, ``delay_s`` after the old ones stopped (a backoff: a rank
+        that crashes at once should not be relaunched in a tight loop).
+        ``prepare`` (optional) runs first, once the live ranks are marked as
+        stopped on purpose (so their exits are not reported); if it returns
+        True (e.g. it asked them to save and exit) the ranks get ``wait_s``
+        to exit on their own. Raises what launching raises.
         """
         with self._lock:
             if self._closed:
                 raise RuntimeError("the supervisor is shutting down; not restarting")
             self._restarting = True
-            try:
-                self._stop(f"restart: {reason}", grace_s, wait_s, prepare)
+            self._stop(f"restart: {reason}", grace_s, wait_s, prepare)
+            self.procs = []
+        try:
+            if delay_s > 0 and self._wake.wait(delay_s):
+                raise RuntimeError("the supervisor is shutting down; not restarting")
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the supervisor is shutting down; not restarting")
                 self.restart_count += 1
-                self.procs = []
-                log.warning("restarting %d rank(s) of job %s (restart %d): %s", self.nproc, self.source.job,
-                            self.restart_count, reason)
+                log.warning("restarting %d rank(s) of job %s (restart %d, after %.1f s): %s", self.nproc,
+                            self.source.job, self.restart_count, delay_s, reason)
                 self.start()
-            finally:
-                self._restarting = False
+        finally:
+            self._restarting = False
         return self.restart_count
 
     def terminate(self, timeout_s: float = 10.0) -> None:
         """Stop every live rank (SIGTERM, then SIGKILL after ``timeout_s``); a deliberate stop, not reported."""
+        self._wake.set()  # a restart waiting out its backoff gives up
         with self._lock:
             self._closed = True
             self._stop("terminate", timeout_s)

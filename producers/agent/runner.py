@@ -151,8 +151,12 @@ class Agent:
             t.start()
             self._threads.append(t)
 
-    def run(self, duration_s: float | None = None, stop: threading.Event | None = None) -> int:
-        """Run until ``stop`` is set, ``duration_s`` passes, or the supervised processes are done."""
+    def run(self, duration_s: float | None = None, stop: threading.Event | None = None,
+            keep_publisher: bool = False) -> int:
+        """Run until ``stop`` is set, ``duration_s`` passes, or the supervised processes are done.
+
+        ``keep_publisher``: leave the publisher open (the caller publishes its last words, then
+        :meth:`close_publisher`)."""
         self.start()
         deadline = None if duration_s is None else time.monotonic() + duration_s
         try:
@@ -169,10 +173,19 @@ class Agent:
         except KeyboardInterrupt:
             pass
         finally:
-            self.stop()
+            self.stop(close_publisher=not keep_publisher)
         return self.supervisor.exit_code if self.supervisor is not None else 0
 
-    def stop(self, flush_timeout_s: float = 5.0) -> None:
+    def close_publisher(self, flush_timeout_s: float = 5.0) -> None:
+        """Deliver what is pending (what cannot wait stays in the spool) and close the publisher."""
+        left = self.publisher.flush(flush_timeout_s)
+        if left:
+            log.warning("%d messages not delivered at exit; they stay in the spool for the next start", left)
+        close = getattr(self.publisher, "close", None)
+        if close is not None:
+            close(0.1)
+
+    def stop(self, flush_timeout_s: float = 5.0, close_publisher: bool = True) -> None:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=5.0)
@@ -188,9 +201,5 @@ class Agent:
                 c.close()
             except Exception:
                 log.exception("closing %s", c.name)
-        left = self.publisher.flush(flush_timeout_s)
-        if left:
-            log.warning("%d messages not delivered at exit; they stay in the spool for the next start", left)
-        close = getattr(self.publisher, "close", None)
-        if close is not None:
-            close(0.1)
+        if close_publisher:
+            self.close_publisher(flush_timeout_s)

@@ -8,6 +8,8 @@ Usage in any PyTorch training loop::
     mon.instrument_collectives()            # wraps torch.distributed.all_reduce & co.
     mon.install_exception_hooks()           # uncaught exceptions are classified and published
     mon.start_control(on_checkpoint=save)   # retry_step / checkpoint / save_and_exit
+    # your own periodic checkpoints: mark them, so a long save is not taken for a hang
+    #     with mon.checkpoint(step): save(step)
 
     step = 0
     while step < n_steps:
@@ -58,6 +60,7 @@ from typing import Any, Callable, Iterator
 
 from vigil.producers.training.control import Command, ControlChannel, control_path
 from vigil.producers.training.exceptions import classify_exception
+from vigil.producers.training.batching import default_hooks_socket
 from vigil.producers.training.wire import Sink, UnixDatagramSink
 
 __all__ = ["TrainingMonitor", "StepContext", "COLLECTIVES"]
@@ -192,7 +195,7 @@ class TrainingMonitor:
         ``VIGIL_JOB`` (default ``TORCHELASTIC_RUN_ID`` or ``local``), ``RANK``,
         ``VIGIL_NODE`` (default the host name), ``VIGIL_CLUSTER``,
         ``VIGIL_DP``/``VIGIL_PP``/``VIGIL_TP``, ``LOCAL_RANK`` (as the GPU index),
-        and ``VIGIL_HOOKS_SOCKET`` (the node batcher; default /tmp/vigil-hooks.sock).
+        and ``VIGIL_HOOKS_SOCKET`` (the node batcher; default /tmp/vigil-hooks.sock, the agent's default too).
         """
         env = os.environ
 
@@ -209,7 +212,7 @@ class TrainingMonitor:
             dp=opt_int("VIGIL_DP"), pp=opt_int("VIGIL_PP"), tp=opt_int("VIGIL_TP"),
         )
         kw.update(overrides)
-        sink = kw.pop("sink", None) or UnixDatagramSink(env.get("VIGIL_HOOKS_SOCKET") or "/tmp/vigil-hooks.sock")
+        sink = kw.pop("sink", None) or UnixDatagramSink(str(default_hooks_socket()))
         return cls(sink, **kw)
 
     # -- records ---------------------------------------------------------------------------
@@ -270,6 +273,28 @@ class TrainingMonitor:
         self._buf.append(["it", step, start, end, compute, comm, self.dp, self.pp, self.tp])
 
     @contextmanager
+    def checkpoint(self, step: int) -> Iterator[None]:
+        """Mark a checkpoint being saved: hang detection waits for it, and its duration is learned.
+
+        Its start leaves the process at once (the save may take longer than
+        the job's hang timeout); its end, with the time it took, too.
+        """
+        clock = self._clock
+        t0 = clock()
+        with self._lock:
+            self._buf.append(["ck", "started", int(step), t0, None])
+        self.flush(urgent=True)
+        phase = "failed"
+        try:
+            yield
+            phase = "completed"
+        finally:
+            t1 = clock()
+            with self._lock:
+                self._buf.append(["ck", phase, int(step), t1, t1 - t0])
+            self.flush(urgent=True)
+
+    @contextmanager
     def compute(self) -> Iterator[None]:
         """Mark a block of the open step as computation (otherwise compute = step - communication)."""
         t0 = self._clock()
@@ -299,13 +324,15 @@ class TrainingMonitor:
         elif cmd is Command.checkpoint:
             ctx.checkpoint_requested = True
             if self._on_checkpoint is not None:
-                self._on_checkpoint(ctx.step)
+                with self.checkpoint(ctx.step):
+                    self._on_checkpoint(ctx.step)
         elif cmd is Command.save_and_exit:
             ctx.checkpoint_requested = True
             ctx.exit_requested = True
             self.exit_requested = True
             if self._on_checkpoint is not None:
-                self._on_checkpoint(ctx.step)
+                with self.checkpoint(ctx.step):
+                    self._on_checkpoint(ctx.step)
 
     def _handle_failure(self, ctx: StepContext) -> bool:
         """After a failed step: apply queued commands, wait ``retry_wait_s`` for one; True = retry."""
@@ -430,6 +457,9 @@ class TrainingMonitor:
         return wrapper
 
     def close(self) -> None:
+        """The training loop is done: say so (hang detection stops waiting for steps), flush, unhook."""
+        with self._lock:
+            self._buf.append(["bye", os.getpid(), self._clock()])
         self.flush(urgent=True)
         self.uninstrument_collectives()
         self.uninstall_exception_hooks()

@@ -8,6 +8,8 @@ one datagram of compact JSON::
      "r": [["it", step, start, end, compute_s, comm_s, dp, pp, tp],
            ["cc", op, group, nbytes, start, end],
            ["ex", category, exc_type, message, traceback, thread, t],
+           ["ck", phase, step, t, duration_s],
+           ["bye", pid, t],
            ["dr", count, reason, t]]}
 
 Times are seconds since the epoch (``time.time()``). The node batcher
@@ -30,7 +32,9 @@ import threading
 from collections import deque
 from typing import Any, Callable, Iterable, Sequence
 
-from vigil.schemas import CollectiveCall, Envelope, IterationTiming, Source, TrainingException, from_seconds
+from vigil.schemas import (
+    Checkpoint, CollectiveCall, Envelope, IterationTiming, ProcessExit, Source, TrainingException, from_seconds,
+)
 from vigil.schemas.events import CollectiveOp, EventsDropped
 
 log = logging.getLogger(__name__)
@@ -82,6 +86,14 @@ def records_to_events(source: dict[str, Any], records: Iterable[Sequence[Any]]) 
                     event_time=from_seconds(t), source=src, category=category, exc_type=exc_type,
                     message=message, traceback=tb, thread=thread,
                 ))
+            elif kind == "bye":  # the training loop ended: the process is about to exit cleanly
+                _, pid, t = rec
+                events.append(ProcessExit(event_time=from_seconds(t), source=src, pid=pid, exit_code=0,
+                                          command="training loop ended (announced by the hooks)"))
+            elif kind == "ck":
+                _, phase, step, t, duration = rec
+                events.append(Checkpoint(event_time=from_seconds(t), source=src, step=step, phase=phase,
+                                         duration_s=None if duration is None else max(0.0, duration)))
             elif kind == "dr":
                 _, count, reason, t = rec
                 events.append(EventsDropped(

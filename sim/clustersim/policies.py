@@ -201,7 +201,7 @@ class Vigil:
             sim.at(sim.now + latency, self.deliver, alerts)
 
     def on_node_up(self, sim: Simulation, node: str) -> None:
-        self.node_state(node, "repaired", "back in service")
+        self.node_state(node, "joined", "repaired, passed its health check, back in service")
         # Live, the node's heartbeats resume and its XID holds run out, which clears the findings
         # of its incidents; the probes stop at detection and never see that. An incident left
         # open would swallow every later failure of a job placed on the node (no alert, no remedy).

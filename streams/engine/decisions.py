@@ -50,7 +50,8 @@ from typing import Any, Callable
 from vigil.schemas import ActionResult, Alert, Decision, Envelope, JobState, NodeState, Source, Subject, from_seconds, \
     to_seconds
 from vigil.streams.engine.escalation import LADDER, Escalation
-from vigil.streams.engine.incidents import GPU_CAUSES, LINK_CAUSES
+from vigil.schemas import JOB_ENDED, NODE_AWAY
+from vigil.streams.engine.incidents import GPU_CAUSES, LINK_CAUSES, NODES_SILENT
 from vigil.streams.engine.skirental import STRATEGIES, FailSlowMitigation
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,9 @@ log = logging.getLogger(__name__)
 _DECISION_NS = uuid.UUID("5b2f6d0a-8c3e-4f1a-b7d9-2e6c4a8f1d07")
 #: Kinds that are degradations, not fail-stops: mitigated by ski rental, not by the ladder.
 DEGRADATIONS = GPU_CAUSES | LINK_CAUSES | {"fail_slow", "straggler", "recovery", "recovery_failed",
-                                           "actuator_circuit_open"}
+                                           "actuator_circuit_open", "health_check_failed"}
+#: Incidents whose cause is shared and not the nodes'; no machine acts on them (a human looks at the cause).
+SHARED_CAUSES = {NODES_SILENT}
 #: The severity each rung answers (Unicron: sev3 retry, sev2 restart, sev1 reconfigure).
 RUNG_SEVERITY = {"retry_in_place": 3, "restart_process": 2, "reconfigure": 1, "notify_human": 1}
 #: Remedies after which the failure counts as recovered when the actuator reports success.
@@ -112,6 +115,10 @@ class DecisionEngine:
     settle_s : float
         A sev3 failure is answered after this long, unless a graver cause
         takes its incident over first (0: at once).
+    silence_settle_s : float
+        A lost node is answered after this long: when many nodes go silent
+        together the correlator merges them into one incident with a shared
+        cause, and no node is drained for it.
     inflight_timeout_s : float
         A new failure of a job joins the remedy under way (same rung or
         higher) for this long; past it, with no result heard (no actuator
@@ -121,12 +128,14 @@ class DecisionEngine:
     def __init__(self, escalation: Escalation | None = None, mitigation: FailSlowMitigation | None = None,
                  recovered: Callable[[list[uuid.UUID], str | None, float, str], list[Alert]] | None = None,
                  replan: Callable[[dict[str, JobState], set[str]], dict[str, Any]] | None = None,
-                 cluster: str = "default", settle_s: float = 1.0, inflight_timeout_s: float = 120.0) -> None:
+                 cluster: str = "default", settle_s: float = 1.0, inflight_timeout_s: float = 120.0,
+                 silence_settle_s: float = 2.0) -> None:
         if not settle_s >= 0:
             raise ValueError(f"settle_s must be >= 0 s, got {settle_s}")
         if not inflight_timeout_s > 0:
             raise ValueError(f"inflight_timeout_s must be > 0 s, got {inflight_timeout_s}")
         self.settle_s = settle_s
+        self.silence_settle_s = silence_settle_s
         self.inflight_timeout_s = inflight_timeout_s
         self._settling: dict[uuid.UUID, tuple[Alert, float]] = {}
         self.escalation = escalation or Escalation()
@@ -155,6 +164,10 @@ class DecisionEngine:
         self._learn_nodes(alert)
         if alert.status == "resolved":
             return self._on_resolved(alert, now)
+        if alert.kind in SHARED_CAUSES:
+            self._settling.pop(alert.incident_id, None)  # the lost node it began as is not drained
+            self._incident_rung[alert.incident_id] = len(LADDER)
+            return []
         if alert.kind in DEGRADATIONS:
             return self._on_degradation(alert, now)
         rung = 2 if alert.severity == 1 else 1 if alert.severity == 2 else 0
@@ -165,6 +178,11 @@ class DecisionEngine:
             # The peers of a crashed rank report their broken connections a moment before the
             # crash itself is known: wait briefly for the cause rather than race its remedy.
             self._settling[alert.incident_id] = (alert, now + self.settle_s)
+            return []
+        if alert.kind == "node_lost" and self.silence_settle_s > 0:
+            # Many nodes silent at once share a cause (the telemetry path, a switch, the broker):
+            # wait to see whether this one is alone before draining it.
+            self._settling[alert.incident_id] = (alert, now + self.silence_settle_s)
             return []
         self._settling.pop(alert.incident_id, None)
         return self._answer(alert, now)
@@ -344,9 +362,10 @@ class DecisionEngine:
                 self.mitigation.touched(job, now)  # moved: a fail-slow of its old nodes no longer shows
             if event.nodes:  # where it runs now: nodes it has left are no longer its concern
                 info.nodes = set(event.nodes)
-            arrived = event.state in ("pending", "running") and (prev is None or prev.state in ("completed", "failed", "cancelled"))
-            finished = event.state in ("completed", "failed", "cancelled") and prev is not None and \
-                prev.state not in ("completed", "failed", "cancelled")
+            arrived = event.state in ("pending", "running") and (prev is None or prev.state in JOB_ENDED)
+            finished = event.state in JOB_ENDED and prev is not None and prev.state not in JOB_ENDED
+            if event.state in JOB_ENDED:
+                self._job_ended(job, now)
             if arrived or finished:
                 return self._replanning(f"job {job} {'arrived' if arrived else event.state}", now)
             return []
@@ -354,15 +373,15 @@ class DecisionEngine:
         if not node:
             return []
         self.known_nodes.add(node)
-        if event.state in ("lost", "drained"):
-            self.nodes_down.add(node)
+        if event.state in ("lost", "unhealthy") or event.state in NODE_AWAY:
+            self.nodes_down.add(node)  # out of capacity (an unhealthy node until it passes its check)
             if event.state == "drained":  # a straggler left by a checkpoint-restart: its return ends the fail-slow
                 for job, info in self.jobs.items():
                     if node in info.nodes:
                         self.mitigation.straggler_left(job, node)
-            else:
+            elif event.state == "lost":
                 self.mitigation.node_gone(node)
-        elif event.state in ("joined", "repaired", "healthy"):
+        elif event.state in ("joined", "healthy"):  # "repaired" counts once the node passed its check
             back = node in self.nodes_down or event.state == "joined"
             if back:
                 self.mitigation.node_back(node, now)
@@ -376,10 +395,20 @@ class DecisionEngine:
         return {j: i.spec for j, i in self.jobs.items()
                 if i.spec is not None and i.spec.state in ("pending", "running", "restarting")}
 
+    def _job_ended(self, job: str, now: float) -> None:
+        """The job ended (finished, cancelled, gave up): nothing waits to be decided for it any more."""
+        for incident, (alert, _due) in list(self._settling.items()):
+            if alert.subject.job == job:
+                del self._settling[incident]
+        self._inflight.pop(job, None)
+
     def _replanning(self, trigger: str, now: float) -> list[Envelope]:
+        """A multi-job re-plan, when this engine plans allocations (a ``replan`` callable was given):
+        most clusters' schedulers place their own jobs, and an unplanned re-plan is noise."""
+        if self._replan is None:
+            return []
         plan: dict[str, Any] = {"trigger": trigger}
-        if self._replan is not None:
-            plan.update(self._replan(self._active_specs(), self.known_nodes - self.nodes_down))  # type: ignore[arg-type]
+        plan.update(self._replan(self._active_specs(), self.known_nodes - self.nodes_down))  # type: ignore[arg-type]
         key = f"replan|{trigger}|{now:.3f}"
         return [Decision(
             event_id=uuid.uuid5(_DECISION_NS, f"event|{key}"), event_time=from_seconds(now),

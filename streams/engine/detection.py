@@ -12,8 +12,12 @@ Each detector's current findings are diffed against what was last reported,
 so the engine emits a ``raised`` finding when a condition begins and a
 ``cleared`` one when it ends; ``transient`` detectors' findings (an exit, an
 exception) are raised once and never cleared (the correlator expires them).
-A key's findings all clear when its subject ends cleanly
-(:meth:`DetectionEngine.end_job`, :meth:`DetectionEngine.end_node`).
+Lifecycle is not failure (:meth:`DetectionEngine.on_lifecycle`): a job that
+ends (completed, cancelled, failed, preempted, time limit) and a node that
+leaves cleanly (its agent stopped, drained, in maintenance) take their
+findings with them (all clear) and their state is dropped; what their
+sources still had in flight (a last step, a last heartbeat, stamped before
+the end) is ignored, and only a newer event starts them again.
 
 Timers: ``silence`` detectors (heartbeat loss, hang) are ticked every tick
 but only once their subject has been quiet past their timeout *as far as
@@ -23,6 +27,7 @@ cluster silent); the others age their windows once a second.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -31,10 +36,10 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from vigil.detectors import REGISTRY, Detector, Finding
-from vigil.detectors.inputs import PROGRESS, RANK_TIMINGS
+from vigil.detectors.inputs import PROGRESS, RANK_TIMINGS, Progress
 from vigil.schemas import (
-    DetectorFinding, Envelope, IterationStep, IterationTiming, Source, Subject, from_seconds,
-    to_seconds,
+    JOB_ENDED, NODE_AWAY, DetectorFinding, Envelope, IterationStep, IterationTiming, JobState, NodeState, Source,
+    Subject, from_seconds, to_seconds,
 )
 from vigil.streams.engine.incidents import subject_key
 from vigil.streams.engine.steps import StepAssembler
@@ -45,9 +50,11 @@ _FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
 
 #: The built-in detectors the engine runs, by registry name.
 BUILTIN = ("heartbeat_loss", "xid", "nic_congestion", "gpu_degradation", "process_exit", "exception_classifier",
-           "iteration_period", "hang", "fail_slow", "straggler")
+           "node_health", "iteration_period", "hang", "fail_slow", "straggler")
 #: Events that drive a job's steps (and say the job's stream is alive).
 _STEP_EVENTS = ("iteration", "iteration_step", "collective")
+#: Events that say a job's stream is alive.
+_JOB_LIVENESS = (*_STEP_EVENTS, "checkpoint")
 
 
 @dataclass(frozen=True)
@@ -113,12 +120,14 @@ class DetectionEngine:
         self._pers: dict[str, tuple[str, ...]] = {}
         for (per, item) in self._routes:
             self._pers[item] = tuple(sorted({*self._pers.get(item, ()), per}))
-        for item in _STEP_EVENTS:
+        for item in _JOB_LIVENESS:
             self._pers[item] = tuple(sorted({*self._pers.get(item, ()), "job"}))
         #: event types whose arrival says a node's stream is alive (those its silence detectors consume)
         self._node_liveness = {i for (per, i), cs in self._routes.items() if per == "node" and any(c.silence for c in cs)}
         self.jobs: dict[str, _Key] = {}
         self.nodes: dict[str, _Key] = {}
+        #: (per, name) -> when it ended or left: what its source stamped before is past
+        self._ended: dict[tuple[str, str], float] = {}
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
         self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
         self._seen_ids: OrderedDict[uuid.UUID, None] = OrderedDict()
@@ -188,9 +197,15 @@ class DetectionEngine:
                batches: dict[tuple[str, str, str], list[Envelope]]) -> list[DetectorFinding]:
         keys = self._keys(per)
         key = keys.get(name)
-        stale = now - to_seconds(event.event_time) > self.params.max_event_age_s
+        at = to_seconds(event.event_time)
+        ended = self._ended.get((per, name))
+        if ended is not None and (etype in _JOB_LIVENESS or etype in self._node_liveness):
+            if at <= ended:
+                return []  # a sign of life in flight when it ended: the past, not a new start
+            del self._ended[(per, name)]  # a new start (a requeued job, a restarted agent)
+        stale = now - at > self.params.max_event_age_s
         out: list[DetectorFinding] = []
-        if per == "job" and etype in _STEP_EVENTS:
+        if per == "job" and etype in _JOB_LIVENESS:
             if key is None and stale and etype != "collective":
                 return out  # an old log's job: not tracked
             key = key or self._new_key(per, name, event.source.cluster)
@@ -230,7 +245,9 @@ class DetectionEngine:
         """Feed derived inputs (progress, rank timings) to the key's consumers of them, in order."""
         out: list[DetectorFinding] = []
         for item in items:
-            kind = PROGRESS if not hasattr(item, "ranks") else RANK_TIMINGS
+            if isinstance(item, Progress):
+                item = dataclasses.replace(item, arrived=now)
+            kind = PROGRESS if isinstance(item, Progress) else RANK_TIMINGS
             for cls in self._routes.get((key.per, kind), ()):
                 det = key.detectors.get(cls.name)
                 if det is None:
@@ -294,6 +311,22 @@ class DetectionEngine:
         return out
 
     # -- lifecycle ---------------------------------------------------------
+    def on_lifecycle(self, event: JobState | NodeState, now: float) -> list[DetectorFinding]:
+        """A job's or a node's state: an end or a clean leave clears and drops it; a restart warms up again."""
+        at = to_seconds(event.event_time)
+        if isinstance(event, JobState) and event.source.job:
+            job = event.source.job
+            if event.state in JOB_ENDED:
+                return self._end("job", job, now, at)
+            if job in self.jobs:  # its detectors that follow its lifecycle (the hang detector's warm-up)
+                return self._route("job", job, "job_state", event, now, {})
+            return []
+        if isinstance(event, NodeState) and event.source.node:
+            if event.state in NODE_AWAY:
+                return self._end("node", event.source.node, now, at)
+            return self._route("node", event.source.node, "node_state", event, now, {})
+        return []
+
     def forget(self, nodes: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
         """Drop the state of subjects whose partitions moved to another worker."""
         for per, names in (("node", nodes), ("job", jobs)):
@@ -302,15 +335,12 @@ class DetectionEngine:
                 for k in [k for k in self._reported if k[0] == f"{per}:{name}"]:
                     del self._reported[k]
 
-    def end_job(self, job: str, now: float) -> list[DetectorFinding]:
-        """The job ended (finished, cancelled, requeued): its findings clear and its state goes."""
-        return self._end("job", job, now)
-
-    def end_node(self, node: str, now: float) -> list[DetectorFinding]:
-        """The node left cleanly (shut down, drained, in maintenance): its findings clear, its state goes."""
-        return self._end("node", node, now)
-
-    def _end(self, per: str, name: str, now: float) -> list[DetectorFinding]:
+    def _end(self, per: str, name: str, now: float, at: float) -> list[DetectorFinding]:
+        """``name`` ended or left at ``at``: its findings clear, its state goes, its in-flight past is ignored."""
+        self._ended[(per, name)] = max(at, self._ended.get((per, name), at))
+        if len(self._ended) > 100_000:  # bounded: the oldest ends are long past
+            for k in sorted(self._ended, key=self._ended.__getitem__)[:10_000]:
+                del self._ended[k]
         key = self._keys(per).pop(name, None)
         out: list[DetectorFinding] = []
         owner = f"{per}:{name}"
@@ -340,11 +370,24 @@ class DetectionEngine:
             seen.add(fkey)
             if fkey in reported:
                 continue
+            if det.silence:  # who else is quiet right now: many at once share a cause
+                f = dataclasses.replace(f, evidence={**f.evidence, "silent_peers": self._silent_peers(key, det, now)})
             df = reported[fkey] = self._raised(key, det, f, subject)
             out.append(df)
         for fkey in [k for k in reported if k not in seen]:
             out.append(self._cleared(reported.pop(fkey), key.cluster, now))
         return out
+
+    def _silent_peers(self, key: _Key, det: Detector, now: float, limit: int = 64) -> list[str]:
+        """The other jobs or nodes whose same detector has heard nothing for over half its timeout."""
+        out = []
+        for name, other in self._keys(key.per).items():
+            peer = other.detectors.get(det.name)
+            if name != key.name and peer is not None and now - other.last_arrival > 0.5 * peer.timeout_s:  # type: ignore[attr-defined]
+                out.append(name)
+                if len(out) >= limit:
+                    break
+        return sorted(out)
 
     @staticmethod
     def _subject(key: _Key, f: Finding) -> Subject:

@@ -14,6 +14,16 @@ When a stronger cause arrives after its symptom already opened an incident,
 that incident is re-rooted (same incident id, an ``update`` whose kind and
 subject name the cause), so one root cause stays one incident.
 
+Many nodes going silent at the same moment share a cause (the telemetry
+path, a switch, the broker) until shown otherwise: from ``silence_group``
+lost nodes with onsets within ``silence_window_s`` of each other, their
+incidents become one ``nodes_silent`` incident (sev2, no node named as the
+culprit); the nodes that come back clear it, and nodes still silent
+``silence_split_s`` after the others returned are handed back one by one.
+
+Only a cause that still holds explains a new finding: a lost node that came
+back, or a job that ended, takes no later fault into its incident.
+
 Pure bookkeeping, no Kafka; time is an argument. Incident ids derive from
 the founding finding, and alert event ids from (incident id, version), so
 replaying the same findings yields the same alerts and consumers drop repeats.
@@ -38,6 +48,8 @@ JOB_SYMPTOMS = {"task_hang", "nccl_timeout", "connection_reset", "connection_ref
 PEER_SYMPTOMS = {"task_hang", "nccl_timeout", "connection_reset", "connection_refused", "network_error"}
 GPU_CAUSES = {"throttle", "clock_below_peers", "temperature_outlier", "ecc_dbe", "ecc_sbe", "nvlink_errors"}
 LINK_CAUSES = {"congestion", "link_flap", "transport_errors"}
+#: Many nodes silent together: one incident, a shared cause.
+NODES_SILENT = "nodes_silent"
 #: A rank that ended: its job stalls and its peers time out waiting for it.
 CRASHES = TRANSIENT
 
@@ -110,6 +122,16 @@ def finding_key(f: DetectorFinding) -> str:
     return f"{f.kind}|{subject_key(f.subject)}|{to_seconds(f.onset_time):.6f}"
 
 
+def _silence_root(f: DetectorFinding, nodes: list[str], onset: float) -> DetectorFinding:
+    """The root of a shared silence: no node is the culprit; the cause is what they share."""
+    return f.model_copy(update={
+        "event_id": uuid.uuid5(_INCIDENT_NS, f"silence|{'+'.join(nodes)}|{onset:.3f}"), "kind": NODES_SILENT,
+        "severity": 2, "subject": Subject(), "onset_time": from_seconds(onset), "detector": "correlator",
+        "detector_version": "1", "job_nodes": [], "affected_jobs": [],
+        "evidence": {"nodes": nodes, "likely_cause": "a shared path: the agents' network or telemetry path, a "
+                     "switch, or the broker; check those before any node"}})
+
+
 def _summary(f: DetectorFinding) -> str:
     subject = " ".join(f"{k}={v}" for k, v in f.subject.model_dump(exclude_none=True).items())
     ev = f.evidence
@@ -122,15 +144,29 @@ def _summary(f: DetectorFinding) -> str:
         detail = f": iteration time {100 * ev.get('rel_change', 0):+.0f}% ({ev.get('slowdown_class', 'unclassified')})"
     elif f.kind == "xid":
         detail = f": XID {ev.get('code')} {ev.get('mnemonic', '')} -> {ev.get('action', '')}"
+    elif f.kind == NODES_SILENT:
+        nodes = ev.get("nodes") or []
+        return f"{len(nodes)} nodes went silent together ({', '.join(nodes[:8])}{'...' if len(nodes) > 8 else ''}): " \
+               f"likely a shared cause, {ev.get('likely_cause', '')}"
     return f"{f.kind} {subject}{detail}"
 
 
 class Correlator:
     """Findings in, alerts out: open, update (evidence, severity, attribution), resolve."""
 
-    def __init__(self, cluster_emitter: str = "vigil-correlate", transient_hold_s: float = 600.0) -> None:
+    def __init__(self, cluster_emitter: str = "vigil-correlate", transient_hold_s: float = 600.0,
+                 silence_group: int = 3, silence_window_s: float = 5.0, silence_split_s: float = 30.0,
+                 silence_hold_s: float = 1.5) -> None:
+        if silence_group < 2:
+            raise ValueError(f"silence_group must be >= 2, got {silence_group}")
         self.emitter = cluster_emitter
         self.transient_hold_s = transient_hold_s
+        self.silence_group = silence_group
+        self.silence_window_s = silence_window_s
+        self.silence_split_s = silence_split_s
+        self.silence_hold_s = silence_hold_s
+        #: lost nodes held back a moment while another is silent: finding key -> (finding, when to open)
+        self._held: dict[str, tuple[DetectorFinding, float]] = {}
         self.incidents: dict[uuid.UUID, Incident] = {}
         self._seen: OrderedDict[uuid.UUID, None] = OrderedDict()
         #: job -> time of its last recovery: symptoms that began before it belong to the resolved failure.
@@ -155,10 +191,19 @@ class Correlator:
         for inc in self.incidents.values():
             if key in inc.members:
                 return []
+        if f.kind == "node_lost" and key not in self._held:
+            shared = self._shared_silence(f, now)
+            if shared is not None:
+                return shared
+        return self._place(f, key, now)
+
+    def _place(self, f: DetectorFinding, key: str, now: float) -> list[Alert]:
+        """Into an incident whose cause explains it, as the new root of those it explains, or its own."""
         # 1. an open incident's cause explains it: more evidence (not a job's symptoms from
-        # before its recovery: a node-rooted incident outlives the jobs moved off the node)
+        # before its recovery: a node-rooted incident outlives the jobs moved off the node; not a
+        # cause that has cleared: a node that came back explains nothing that happens later)
         for inc in self._by_age():
-            if any(explains(m, f) for m in (inc.root, *inc.members.values()) if self._current(m)):
+            if any(explains(m, f) for k, m in inc.members.items() if self._current(m) and k not in inc.cleared):
                 return self._attach(inc, f, now)
         # 2. it explains open incidents: it becomes their root (re-rooting the oldest)
         absorbed = [inc for inc in self._by_age() if explains(f, inc.root)]
@@ -197,12 +242,14 @@ class Correlator:
         new_kind = all(m.kind != f.kind for m in inc.members.values())
         inc.members[finding_key(f)] = f
         self._add_evidence(inc, f, now)
-        worse = f.severity < inc.severity
-        inc.severity = min(inc.severity, f.severity)
+        worse = f.severity < inc.severity and inc.root.kind != NODES_SILENT  # a shared cause keeps its own
+        inc.severity = inc.severity if inc.root.kind == NODES_SILENT else min(inc.severity, f.severity)
         return [self._alert(inc, "update", now)] if worse or new_kind else []
 
     def _on_cleared(self, f: DetectorFinding, now: float) -> list[Alert]:
         key = finding_key(f)
+        if self._held.pop(key, None) is not None:
+            return []  # back before it was told: nothing to say
         for inc in list(self.incidents.values()):
             if key in inc.members:
                 inc.cleared.add(key)
@@ -222,9 +269,89 @@ class Correlator:
         return [self._close(self.incidents[i], at, why) for i in incident_ids if i in self.incidents]
 
     def tick(self, now: float) -> list[Alert]:
-        """Resolve incidents whose findings have all cleared or expired."""
-        return [self._close(inc, now, "no new evidence") for inc in list(self.incidents.values())
-                if self._all_clear(inc, now)]
+        """Resolve incidents whose findings have all cleared or expired; split long silences; open the
+        lost nodes held back that no third one joined."""
+        out = [self._close(inc, now, "no new evidence") for inc in list(self.incidents.values())
+               if self._all_clear(inc, now)]
+        for key, (f, due) in list(self._held.items()):
+            if now >= due:
+                del self._held[key]
+                out += self._place(f, key, now)
+        for inc in [i for i in self.incidents.values() if i.root.kind == NODES_SILENT]:
+            out += self._split_silence(inc, now)
+        return out
+
+    def job_ended(self, job: str, at: float, how: str) -> list[Alert]:
+        """The job ended (``how``: completed, cancelled, ...): its incidents resolve, its later symptoms
+        from before ``at`` are its past."""
+        ids = [i.incident_id for i in self.incidents.values() if i.root.subject.job == job]
+        return self.recovered(ids, job, at, f"job {job} ended: {how}")
+
+    # -- many nodes silent together ---------------------------------------------------------------------
+    def _silent_nodes(self, inc: Incident) -> dict[str, DetectorFinding]:
+        return {m.subject.node: m for k, m in inc.members.items()
+                if m.kind == "node_lost" and m.subject.node and k not in inc.cleared}
+
+    def _shared_silence(self, f: DetectorFinding, now: float) -> list[Alert] | None:
+        """``f`` joins (or makes) an incident of many nodes silent together, or waits a moment while other
+        nodes are silent too (its detector names them: ``silent_peers``); None when it is alone."""
+        t = to_seconds(f.onset_time)
+        close = lambda m: abs(to_seconds(m.onset_time) - t) <= self.silence_window_s  # noqa: E731
+        near = [inc for inc in self._by_age() if inc.root.kind in ("node_lost", NODES_SILENT)
+                and any(close(m) for m in self._silent_nodes(inc).values())]
+        held = {k: m for k, (m, _) in self._held.items() if close(m)}
+        nodes = {n for inc in near for n in self._silent_nodes(inc)} | {m.subject.node for m in held.values()} \
+            | {f.subject.node}
+        if len(nodes) < self.silence_group:
+            peers = f.evidence.get("silent_peers")
+            if not near and not (isinstance(peers, list) and len(peers) + 1 >= self.silence_group):
+                return None
+            # Other nodes are silent right now: hold this one back a moment, so that a shared silence
+            # becomes one incident and not one page per node.
+            self._held[finding_key(f)] = (f, now + self.silence_hold_s)
+            return []
+        for k in held:
+            del self._held[k]
+        held[finding_key(f)] = f
+        shared = next((inc for inc in near if inc.root.kind == NODES_SILENT), None)
+        if shared is None and near:
+            shared = near[0]  # a lost node told at once, before the others fell silent: it becomes the shared one
+        elif shared is None:
+            shared = Incident(incident_id=uuid.uuid5(_INCIDENT_NS, f"silence|{finding_key(f)}"), root=f,
+                              severity=2, opened_at=now)
+            self.incidents[shared.incident_id] = shared
+        first_version = shared.version == 0
+        for other in [inc for inc in near if inc is not shared]:
+            shared.members.update(other.members)
+            shared.cleared |= other.cleared
+        shared.members.update(held)
+        onset = min(to_seconds(m.onset_time) for m in self._silent_nodes(shared).values())
+        shared.root = _silence_root(f, sorted(self._silent_nodes(shared)), onset)
+        shared.severity = 2
+        shared.summary = _summary(shared.root)
+        for m in held.values():
+            self._add_evidence(shared, m, now)
+        alerts = [self._alert(shared, "open" if first_version else "update", now)]
+        alerts += [self._close(o, now, f"merged into incident {shared.incident_id}") for o in near if o is not shared]
+        return alerts
+
+    def _split_silence(self, inc: Incident, now: float) -> list[Alert]:
+        """Once the others are back, nodes still silent ``silence_split_s`` later are each their own incident."""
+        silent = self._silent_nodes(inc)
+        back = [k for k, m in inc.members.items() if m.kind == "node_lost" and k in inc.cleared]
+        if not silent or not back or now - inc.last_evidence_at < self.silence_split_s:
+            return []
+        out = [self._close(inc, now, f"{len(back)} node(s) came back; {len(silent)} still silent, "
+                                     "handled one by one")]
+        for node, m in sorted(silent.items()):
+            alone = Incident(incident_id=uuid.uuid5(_INCIDENT_NS, f"alone|{finding_key(m)}"), root=m,
+                             severity=m.severity, opened_at=now, summary=f"{_summary(m)} (stayed silent after the "
+                                                                        f"others of a shared silence came back)")
+            alone.members[finding_key(m)] = m
+            self._add_evidence(alone, m, now)
+            self.incidents[alone.incident_id] = alone
+            out.append(self._alert(alone, "open", now))
+        return out
 
     def _all_clear(self, inc: Incident, now: float) -> bool:
         for key, m in inc.members.items():

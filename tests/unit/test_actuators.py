@@ -101,7 +101,7 @@ def states(events) -> list[str]:
 
 
 ALLOWED = {("pending", "running"), ("pending", "failed"), ("running", "succeeded"), ("running", "failed"),
-           ("running", "timed_out")}
+           ("running", "timed_out"), ("running", "cancelled")}
 
 
 @pytest.mark.parametrize("src, dst", list(itertools.product([s.value for s in ActionState], repeat=2)))
@@ -119,7 +119,7 @@ def test_state_machine_allows_exactly_the_table(src, dst):
 
 def test_transition_table_and_terminal_states():
     assert {(a.value, b.value) for a, targets in TRANSITIONS.items() for b in targets} == ALLOWED
-    assert {s.value for s in ActionState if s.terminal} == {"succeeded", "failed", "timed_out"}
+    assert {s.value for s in ActionState if s.terminal} == {"succeeded", "failed", "timed_out", "cancelled"}
     with pytest.raises(InvalidTransition, match="unknown|bogus"):
         check_transition("pending", "bogus", "d1")
 

@@ -35,7 +35,7 @@ def decisions(out) -> list[Decision]:
 
 
 def test_each_severity_enters_its_rung():
-    eng = DecisionEngine(settle_s=0)
+    eng = DecisionEngine(settle_s=0, silence_settle_s=0)
     assert [d.action for d in eng.on_alert(alert("nccl_timeout", 3, rank=5), 0)] == ["retry_in_place"]
     (retry,) = decisions(eng.on_alert(alert("connection_reset", 3, job="bert", rank=5), 0))
     assert retry.plan == {"ranks": [5]} and retry.target.job == "bert"
@@ -45,7 +45,7 @@ def test_each_severity_enters_its_rung():
 
 
 def test_a_node_without_jobs_is_isolated_and_a_node_with_jobs_reconfigures_each_job():
-    eng = DecisionEngine()
+    eng = DecisionEngine(silence_settle_s=0)
     (iso,) = eng.on_alert(alert("xid", 1, job=None, node="n7"), 0)
     assert iso.action == "isolate_node" and iso.target.node == "n7"
     out = decisions(eng.on_alert(alert("node_lost", 1, job=None, node="n3", jobs={"a": ["n3"], "b": ["n3"]}), 0))
@@ -132,7 +132,7 @@ def test_a_sev3_symptom_waits_briefly_for_its_cause():
 def test_redelivery_and_updates_do_not_decide_twice_and_ids_are_deterministic():
     inc = uuid.uuid4()
     a1 = alert("process_exit", 2, incident=inc)
-    e1, e2 = DecisionEngine(), DecisionEngine()
+    e1, e2 = DecisionEngine(silence_settle_s=0), DecisionEngine(silence_settle_s=0)
     (d1,) = e1.on_alert(a1, 5)
     (d2,) = e2.on_alert(a1, 5)
     assert d1.decision_id == d2.decision_id and d1.idempotency_key == d2.idempotency_key
@@ -203,8 +203,10 @@ def test_arrival_finish_and_join_trigger_replanning():
     assert d.action == "replan" and d.plan["trigger"] == "job a arrived" and d.plan["allocations"] == {"a": 1}
     assert eng.on_state(JobState(event_time=t, source=Source(job="a"), state="running", nodes=["n1"]), 2) == []
     assert eng.on_state(NodeState(event_time=t, source=Source(node="n2"), state="lost"), 3) == []
-    (d,) = eng.on_state(NodeState(event_time=t, source=Source(node="n2"), state="repaired"), 4)
-    assert d.plan["trigger"] == "node n2 repaired"
+    # back from repair, the node counts once it passed its health check (its agent says joined)
+    assert eng.on_state(NodeState(event_time=t, source=Source(node="n2"), state="repaired"), 4) == []
+    (d,) = eng.on_state(NodeState(event_time=t, source=Source(node="n2"), state="joined"), 4)
+    assert d.plan["trigger"] == "node n2 joined"
     (d,) = eng.on_state(JobState(event_time=t, source=Source(job="a"), state="completed"), 5)
     assert d.plan["trigger"] == "job a completed"
     assert seen[0] == (["a"], ["n1", "n2"]) and seen[1] == (["a"], ["n1", "n2"]) and seen[2] == ([], ["n1", "n2"])
@@ -220,7 +222,7 @@ def test_invalid_parameters_are_refused():
 
 
 def test_reconfiguration_excludes_the_nodes_known_down_and_forgets_nodes_a_job_left():
-    eng = DecisionEngine(settle_s=0)
+    eng = DecisionEngine(settle_s=0, silence_settle_s=0)
     t = from_seconds(0)
     eng.on_state(JobState(event_time=t, source=Source(job="gpt"), state="running", nodes=["n1", "n2", "n3"]), 0)
     (restart,) = decisions(eng.on_alert(alert("process_exit", 2, node="n1"), 1))
@@ -248,7 +250,7 @@ def test_a_node_failure_reconfigures_the_jobs_the_detectors_saw_running_there():
     alerts = pipe.feed([XidError(event_time=from_seconds(t0 + 4), source=Source(node="n12", gpu=1), code=79,
                                  message="NVRM: Xid (PCI:0000:1b:00): 79, GPU has fallen off the bus")], t0 + 4)
     (xid,) = [a for a in alerts if a.kind == "xid"]
-    (d,) = decisions(DecisionEngine(settle_s=0).on_alert(xid, t0 + 4))
+    (d,) = decisions(DecisionEngine(settle_s=0, silence_settle_s=0).on_alert(xid, t0 + 4))
     assert (d.action, d.target.job, d.plan) == ("reconfigure", "gpt", {"exclude_nodes": ["n12"]})
 
 
@@ -279,7 +281,7 @@ def test_a_retry_of_a_peer_overtaken_by_the_crash_that_caused_it_climbs_nothing(
     assert eng.on_action_result(result(retry, "failed", "rank 1: no control socket"), 1.3) == []
     eng.on_action_result(result(restart, "succeeded"), 5.0)
     # the same, with the retry's failure heard after the restart worked
-    eng2 = DecisionEngine(settle_s=0)
+    eng2 = DecisionEngine(settle_s=0, silence_settle_s=0)
     (retry2,) = decisions(eng2.on_alert(alert("nccl_timeout", 3, rank=1), 0.0))
     (restart2,) = decisions(eng2.on_alert(alert("process_exit", 2, rank=2), 0.5))
     eng2.on_action_result(result(restart2, "succeeded"), 2.0)

@@ -84,3 +84,54 @@ def test_a_job_moved_off_a_lost_node_gets_a_new_incident_for_its_next_failure():
     assert again.status == "open" and again.incident_id != lost.incident_id
     # While the node itself is still explained by its own incident.
     assert c.on_finding(finding("node_lost", 1, Subject(node="n2"), onset=600.0), 601.0) == []
+
+
+def _lost(node, onset, status="raised"):
+    return finding("node_lost", 1, Subject(node=node), onset=onset, status=status, interval_s=1.0)
+
+
+def test_many_nodes_silent_together_are_one_incident_with_a_shared_cause_that_resolves_when_they_return():
+    c = Correlator()
+    alerts = []
+    for i in range(8):  # heartbeats out of phase: the losses spread over one interval
+        alerts += c.on_finding(_lost(f"r{i}", 100.0 + 0.12 * i), 103.0 + 0.12 * i)
+        alerts += c.tick(103.0 + 0.12 * i)
+    alerts += c.tick(110.0)
+    assert len({a.incident_id for a in alerts}) == 1, [(a.kind, a.status) for a in alerts]
+    assert alerts[-1].kind == "nodes_silent" and alerts[-1].severity == 2
+    assert alerts[-1].subject.node is None  # no node is the culprit
+    for i in range(8):
+        alerts += c.on_finding(_lost(f"r{i}", 100.0 + 0.12 * i, status="cleared"), 120.0)
+    assert alerts[-1].status == "resolved"
+
+
+def test_two_nodes_lost_together_stay_two_incidents():
+    c = Correlator()
+    a = c.on_finding(_lost("n1", 100.0), 102.6)
+    b = c.on_finding(_lost("n2", 100.4), 103.0)  # held back a moment, in case a third follows
+    assert [x.status for x in a] == ["open"] and b == []
+    later = c.tick(104.6)
+    assert [(x.kind, x.status, x.subject.node) for x in later] == [("node_lost", "open", "n2")]
+
+
+def test_nodes_still_silent_after_the_others_returned_are_handled_one_by_one():
+    c = Correlator(silence_split_s=30.0)
+    for i in range(4):
+        c.on_finding(_lost(f"r{i}", 100.0 + 0.1 * i), 103.0)
+    for i in range(3):  # three come back; r3 stays silent
+        c.on_finding(_lost(f"r{i}", 100.0 + 0.1 * i, status="cleared"), 110.0)
+    assert c.tick(120.0) == []
+    out = c.tick(141.0)
+    assert [(a.kind, a.status) for a in out] == [("nodes_silent", "resolved"), ("node_lost", "open")]
+    assert out[1].subject.node == "r3" and out[1].severity == 1
+
+
+def test_a_cleared_cause_takes_no_later_fault_and_an_ended_job_takes_its_incidents():
+    c = Correlator()
+    [lost] = c.on_finding(finding("node_lost", 1, Subject(node="n2"), onset=10.0), 12.0)
+    c.on_finding(finding("node_lost", 1, Subject(node="n2"), onset=10.0, status="cleared"), 20.0)
+    # a later job on n2 hangs: its own incident, not the old loss's
+    [hang] = c.on_finding(finding("task_hang", 2, Subject(job="later"), onset=30.0, job_nodes=["n2"]), 33.0)
+    assert hang.status == "open" and hang.incident_id != lost.incident_id
+    [ended] = c.job_ended("later", 40.0, "cancelled")
+    assert ended.status == "resolved" and ended.incident_id == hang.incident_id and "ended" in ended.summary

@@ -75,5 +75,5 @@ def test_a_node_coming_back_replans_with_the_planner():
         eng.on_state(NodeState(event_time=T0, source=Source(node=n), state="healthy"), 0)
     eng.on_state(NodeState(event_time=T0, source=Source(node="n3"), state="lost"), 1)
     eng.on_state(job("a", ["n1", "n2"], dp=2, pp=1), 2)
-    (d,) = eng.on_state(NodeState(event_time=T0, source=Source(node="n3"), state="repaired"), 3)
+    (d,) = eng.on_state(NodeState(event_time=T0, source=Source(node="n3"), state="joined"), 3)  # passed its check
     assert d.action == "replan" and d.plan["allocations"]["a"][:2] == ["n1", "n2"]

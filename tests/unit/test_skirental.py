@@ -243,6 +243,6 @@ def test_the_engine_learns_durations_from_onset_to_resolution_and_from_the_strag
     eng.on_state(job_state("gpt", ["n1", "n3"], dp=2, pp=1), T + 5010)
     eng.on_alert(failslow("gpt", "communication", T + 5000, T + 5010, inc, status="resolved"), T + 5010)
     assert h.count("communication") == (2, 1)  # so far only "at least 10 s"
-    eng.on_state(NodeState(event_time=from_seconds(T + 8000), source=Source(node="n2"), state="repaired"), T + 8000)
+    eng.on_state(NodeState(event_time=from_seconds(T + 8000), source=Source(node="n2"), state="joined"), T + 8000)
     assert h.count("communication") == (2, 2)
     assert sorted(d for d, _, _ in h._episodes["communication"]) == [900.0, 3000.0]

@@ -60,6 +60,13 @@ Examples:
 """
 
 
+def _limit(name: str) -> object:
+    """A safety limit's default, from its one home (:class:`vigil.actuators.safety.SafetyLimits`)."""
+    from vigil.actuators.safety import SafetyLimits
+
+    return SafetyLimits.__dataclass_fields__[name].default
+
+
 def _ledger_default(state_dir: Path) -> Path:
     return state_dir / "actuator-ledger.sqlite"
 
@@ -73,12 +80,12 @@ def actuate(
     job: Optional[List[str]] = typer.Option(None, "--job", help="A job the actuator may act on (repeatable)."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help='JSON file with "nodes" (a list of names) and "jobs" (a list, or an object: job -> its nodes).'),
     filter_job: Optional[List[str]] = typer.Option(None, "--filter-job", help="Act only on decisions for this job (repeatable)."),
-    max_drained_nodes: int = typer.Option(4, min=1, help="Circuit breaker: most nodes isolated per window."),
-    max_drained_fraction: float = typer.Option(0.10, min=0.0, max=1.0, help="Circuit breaker: most fraction of the known cluster isolated per window (one node may always go)."),
-    drain_window: float = typer.Option(3600.0, min=1.0, help="Circuit breaker window, seconds."),
-    max_restarts_without_progress: int = typer.Option(3, min=1, help="No-progress guard: restarts of a job with no new training step before it stops restarting."),
-    rate_limit: int = typer.Option(6, min=1, help="Most actions per job per --rate-window."),
-    rate_window: float = typer.Option(600.0, min=1.0, help="Rate-limit window, seconds."),
+    max_drained_nodes: int = typer.Option(_limit("max_drained_nodes"), min=1, help="Circuit breaker: most nodes isolated per window."),
+    max_drained_fraction: float = typer.Option(_limit("max_drained_fraction"), min=0.0, max=1.0, help="Circuit breaker: most fraction of the known cluster isolated per window (one node may always go)."),
+    drain_window: float = typer.Option(_limit("drain_window_s"), min=1.0, help="Circuit breaker window, seconds."),
+    max_restarts_without_progress: int = typer.Option(_limit("max_restarts_without_progress"), min=1, help="No-progress guard: restarts of a job with no new training step before it stops restarting."),
+    rate_limit: int = typer.Option(_limit("rate_limit"), min=1, help="Most actions per job per --rate-window."),
+    rate_window: float = typer.Option(_limit("rate_window_s"), min=1.0, help="Rate-limit window, seconds."),
     max_decision_age: float = typer.Option(600.0, min=0.0, help="Refuse decisions older than this many seconds (0: no limit)."),
     command_timeout: float = typer.Option(60.0, min=0.1, help="A backend command that runs longer is killed: timed_out."),
     slurm_resubmit_script: Optional[Path] = typer.Option(None, help="Slurm: reconfigure resubmits this batch script (sbatch --dependency=afterany) instead of requeueing."),

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import logging
-import signal
-import socket
-import threading
 from pathlib import Path
 from typing import List, Optional
 
@@ -14,193 +11,153 @@ import typer
 from vigil.cli.common import app
 
 
-def _parse_log(spec: str) -> tuple[str, float]:
-    path, sep, secs = spec.rpartition(":")
-    if not sep or not path:
-        raise typer.BadParameter(f"--log-stale expects PATH:SECONDS, got {spec!r}")
-    try:
-        return path, float(secs)
-    except ValueError:
-        raise typer.BadParameter(f"--log-stale expects PATH:SECONDS, got {spec!r}") from None
+def _d(name: str) -> object:
+    """The agent's own default of option ``name`` (one home: :class:`vigil.services.agent.AgentOptions`)."""
+    import dataclasses
+
+    from vigil.services.agent import AgentOptions
+
+    f = AgentOptions.__dataclass_fields__[name]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
 @app.command()
 def agent(
     command: Optional[List[str]] = typer.Argument(
         None, help="Training command to launch and supervise, after `--` (e.g. `-- python train.py --lr 1e-4`)."),
-    node: Optional[str] = typer.Option(None, help="Node name in every event (default: the host name)."),
+    node: Optional[str] = typer.Option(None, help="Node name in every event (default: SLURMD_NODENAME, else the host name)."),
     cluster: str = typer.Option("default", help="Cluster name in every event."),
-    job: Optional[str] = typer.Option(None, help="Job id of the supervised training (and of --job-liveness)."),
-    nproc_per_node: int = typer.Option(1, "--nproc-per-node", min=1, help="Processes (local ranks) to launch."),
-    nnodes: int = typer.Option(1, min=1, help="Nodes in the job (for WORLD_SIZE)."),
-    node_rank: int = typer.Option(0, min=0, help="This node's rank in the job (for RANK)."),
-    master_addr: str = typer.Option("127.0.0.1", help="MASTER_ADDR for the launched ranks."),
-    master_port: int = typer.Option(29500, help="MASTER_PORT for the launched ranks."),
+    job: Optional[str] = typer.Option(None, help="Job id (default: SLURM_JOB_ID or TORCHELASTIC_RUN_ID)."),
+    run: Optional[str] = typer.Option(None, help="Training run the job belongs to (one run across a chain of jobs)."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks to launch here (default: SLURM_GPUS_ON_NODE, else 1)."),
+    nnodes: Optional[int] = typer.Option(None, min=1, help="Nodes in the job (default: SLURM_NNODES, else 1)."),
+    node_rank: Optional[int] = typer.Option(None, min=0, help="This node's rank in the job (default: SLURM_NODEID, else 0)."),
+    master_addr: Optional[str] = typer.Option(None, help="Rendezvous host (default: the first node of SLURM_JOB_NODELIST, else 127.0.0.1)."),
+    master_port: Optional[int] = typer.Option(None, help="Rendezvous port (default: derived from SLURM_JOB_ID, else 29500)."),
     watch_pid: Optional[List[int]] = typer.Option(None, help="Watch this existing process (repeatable)."),
     heartbeat_interval: float = typer.Option(
-        5.0, min=0.01, help="Seconds between heartbeats; GPU samples and NIC counters ride with the next one."),
-    gpu_interval: float = typer.Option(10.0, min=0.01, help="Seconds between NVML telemetry samples."),
-    xid_interval: float = typer.Option(1.0, min=0.01, help="Seconds between drains of NVML XID events."),
-    kmsg_interval: float = typer.Option(1.0, min=0.01, help="Seconds between kernel-log reads."),
-    nic_interval: float = typer.Option(10.0, min=0.01, help="Seconds between NIC counter reads."),
-    watchdog_interval: float = typer.Option(60.0, min=0.01, help="Seconds between watchdog checks."),
-    kmsg: Path = typer.Option(Path("/dev/kmsg"), help="Kernel log: /dev/kmsg, or a file of log lines to follow."),
-    nic_root: Path = typer.Option(Path("/sys/class/infiniband"), help="Root of the RDMA devices' sysfs tree."),
+        _d("heartbeat_interval"), min=0.01, help="Seconds between heartbeats; GPU samples and NIC counters ride with the next one."),
+    gpu_interval: float = typer.Option(_d("gpu_interval"), min=0.01, help="Seconds between NVML telemetry samples."),
+    xid_interval: float = typer.Option(_d("xid_interval"), min=0.01, help="Seconds between drains of NVML XID events."),
+    kmsg_interval: float = typer.Option(_d("kmsg_interval"), min=0.01, help="Seconds between kernel-log reads."),
+    nic_interval: float = typer.Option(_d("nic_interval"), min=0.01, help="Seconds between NIC counter reads."),
+    watchdog_interval: float = typer.Option(_d("watchdog_interval"), min=0.01, help="Seconds between watchdog checks."),
+    kmsg: Path = typer.Option(_d("kmsg"), help="Kernel log: /dev/kmsg, or a file of log lines to follow."),
+    nic_root: Path = typer.Option(_d("nic_root"), help="Root of the RDMA devices' sysfs tree."),
     disk: Optional[List[Path]] = typer.Option(None, help="Watch space and inodes of this path, e.g. checkpoint storage (repeatable)."),
     log_stale: Optional[List[str]] = typer.Option(None, help="PATH:SECONDS - a training log that must be written at least that often (repeatable)."),
     job_liveness: bool = typer.Option(False, help="Ask the scheduler (squeue) that --job is running or queued."),
-    no_gpu: bool = typer.Option(False, help="Do not start the NVML collectors."),
+    no_gpu: bool = typer.Option(False, help="Do not start the NVML collectors (nor check the GPUs on joining)."),
     hooks_socket: Optional[Path] = typer.Option(
-        None, help="Unix socket of the node batcher for training hooks (default: <state dir>/hooks.sock)."),
+        None, help="Unix socket the training hooks send to (default: VIGIL_HOOKS_SOCKET, else /tmp/vigil-hooks.sock, "
+        "the hooks' default too)."),
     control_dir: Optional[Path] = typer.Option(None, help="Directory of the ranks' control sockets (VIGIL_CONTROL_DIR)."),
     spool_dir: Optional[Path] = typer.Option(None, help="Disk spool for broker outages (default: <state dir>/spool)."),
-    spool_max_mb: int = typer.Option(256, min=1, help="Bound of the spool on disk, in MiB."),
+    spool_max_mb: int = typer.Option(_d("spool_max_mb"), min=1, help="Bound of the spool on disk, in MiB."),
+    health_check: bool = typer.Option(_d("health_check"), help="Check the node (GPUs, RDMA ports, disk headroom) on "
+                                      "joining; a node that fails joins as unhealthy and stays out of capacity."),
+    health_min_free_gb: float = typer.Option(_d("health_min_free_gb"), min=0.0, help="Disk headroom the check needs on --disk paths and the hooks socket's folder."),
+    health_gloo: bool = typer.Option(_d("health_gloo"), help="Also run a gloo all-reduce on the loopback (needs torch)."),
     actuate: bool = typer.Option(
         False, "--actuate", help="Also carry out decisions for --job on the launched ranks (retry in place, restart, "
         "checkpoint-restart) with the local backend; see below."),
     actuate_dry_run: bool = typer.Option(False, "--actuate-dry-run", help="With --actuate: say what would be done, do nothing."),
     actuate_ledger: Optional[Path] = typer.Option(
         None, help="With --actuate: the actuator's ledger (default: <state dir>/agent-<node>-<job>-ledger.sqlite)."),
-    max_restarts_without_progress: int = typer.Option(
-        3, min=1, help="With --actuate: restarts without a new training step before the agent gives up."),
-    restart_grace: float = typer.Option(10.0, min=0.0, help="With --actuate: seconds between SIGTERM and SIGKILL on a restart."),
+    max_restarts_without_progress: Optional[int] = typer.Option(
+        None, min=1, help="With --actuate: restarts without a new training step before the agent gives up "
+        "(default: the actuator's SafetyLimits)."),
+    restart_grace: float = typer.Option(_d("restart_grace"), min=0.0, help="With --actuate: seconds between SIGTERM and SIGKILL on a restart."),
+    restart_backoff: float = typer.Option(_d("restart_backoff"), min=0.0, help="With --actuate: seconds before relaunching after a restart's stop, doubled for each restart close to the last one."),
+    restart_backoff_max: float = typer.Option(_d("restart_backoff_max"), min=0.0, help="With --actuate: the longest backoff."),
     checkpoint_wait: float = typer.Option(
-        120.0, min=0.0, help="With --actuate: seconds the ranks get to save and exit before a checkpoint-restart."),
+        _d("checkpoint_wait"), min=0.0, help="With --actuate: seconds the ranks get to save and exit before a checkpoint-restart."),
     duration: Optional[float] = typer.Option(None, help="Stop after this many seconds (default: run until stopped)."),
     log_level: str = typer.Option("WARNING", help="Python log level of the agent."),
 ) -> None:
-    """Run the node agent: GPU, kernel-log XID, NIC, heartbeat, process and watchdog collectors.
+    """Run the node agent: a node daemon (no command), or the launcher of one job's ranks on this node.
 
-    Every collector runs on its own interval and may fail alone: a missing
-    GPU driver, an unreadable counter file or no permission on /dev/kmsg is
-    published once as an agent_health event and the rest goes on. Events go
-    to Kafka (VIGIL_KAFKA_BOOTSTRAP, or the embedded broker of `vigil up`);
-    while the broker is unreachable they wait in a bounded disk spool and are
-    replayed in order when it is back (a full spool drops its oldest events
-    and says so in an events_dropped record).
+    \b
+    Node daemon: `vigil agent` (a systemd unit in infra/systemd/): GPU (NVML),
+    kernel-log XIDs (/dev/kmsg), NIC counters (sysfs), disks, heartbeats; the
+    training hooks of any job on the node send to its socket.
+    Per-job launcher: `vigil agent --job J -- python train.py` launches the
+    ranks like torchrun (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ...),
+    reports every exit, and exits when they all have. Under Slurm run one per
+    node with srun: job id, node, node count, node rank and the rendezvous
+    address come from SLURM_* (examples/slurm/).
 
-    Training hooks of the ranks on this node send to the node batcher on
-    --hooks-socket, which batches them before they leave the node.
+    Every collector runs on its own interval and may fail alone (a missing
+    driver, an unreadable file: one agent_health event, the rest goes on).
+    While the broker is unreachable events wait in a bounded disk spool.
 
-    With a command after `--` the agent launches it like torchrun
-    (--nproc-per-node processes with RANK, LOCAL_RANK, WORLD_SIZE,
-    MASTER_ADDR, ... and VIGIL_JOB/VIGIL_HOOKS_SOCKET set), reports every exit
-    with its code or signal, and exits when they have all exited, with
-    torchrun's exit code. Stop it with Ctrl-C or SIGTERM.
+    \b
+    What it says about itself, so that an end is never taken for a failure:
+      the node joined (after its health checks) or is unhealthy; the job
+      running, restarting, completed / cancelled / failed; the node leaving
+      when the agent stops cleanly (kill -9 is what node_lost is for).
 
-    With --actuate (needs --job and a command) the agent also consumes the
-    decisions for its job and carries out those a node can: retry_in_place
-    (the ranks' control sockets), restart_process (stop every rank, launch
-    again with VIGIL_RESTART_COUNT + 1) and checkpoint_restart (ranks save and
-    exit, then restart); each decision at most once (a ledger). Ranks it stops
-    itself are not reported as failures. It then exits when every rank exited
-    0, on Ctrl-C/SIGTERM, or, with a nonzero code and the reason, when the
-    no-progress guard gives up (--max-restarts-without-progress restarts
-    without a new training step).
+    With --actuate (needs a job and a command) the agent also carries out the
+    decisions for its job that a node can: retry_in_place, restart_process
+    (with backoff: --restart-backoff doubling up to --restart-backoff-max),
+    checkpoint_restart; each decision at most once (a ledger). It refuses the
+    others with the reason, and gives up when asked to move the job
+    (reconfigure) or when --max-restarts-without-progress restarts brought no
+    new step: it stops the ranks and exits 75 so the scheduler can requeue
+    the job elsewhere, and the decision engine calls a human.
+
+    \b
+    Exit codes: 0 every rank exited 0; the first failed rank's code
+    (128 + signal if killed), as torchrun; 143 SIGTERM; 130 Ctrl-C;
+    75 gave up (requeue the job elsewhere).
     """
-    from vigil.producers.agent import (
-        Agent, DiskWatchdog, GpuMemoryWatchdog, HeartbeatCollector, JobLivenessWatchdog, KmsgCollector,
-        LogStalenessWatchdog, MemoryWatchdog, NicCollector, NvmlTelemetryCollector, NvmlXidCollector, PidWatcher,
-        ProcessSupervisor,
-    )
-    from vigil.producers.publisher import Publisher
-    from vigil.producers.training import NodeBatcher
-    from vigil.schemas import Source
     from vigil.broker import StackError
     from vigil.cli.common import settings_and_logging
+    from vigil.services.agent import AgentOptions, NodeAgent, environment, from_environment, parse_log_stale
     from vigil.stack import resolve_bootstrap
 
     settings = settings_and_logging(log_level, logging.WARNING)
-    if job_liveness and not job:
+    given = {k: v for k, v in dict(node=node, job=job, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                                    node_rank=node_rank, master_addr=master_addr, master_port=master_port).items()
+             if v is not None}
+    try:
+        opts = AgentOptions(
+            **{**from_environment(environment()), **given}, command=list(command or []), cluster=cluster, run=run,
+            watch_pid=list(watch_pid or []), heartbeat_interval=heartbeat_interval, gpu_interval=gpu_interval,
+            xid_interval=xid_interval, kmsg_interval=kmsg_interval, nic_interval=nic_interval,
+            watchdog_interval=watchdog_interval, kmsg=kmsg, nic_root=nic_root, disk=list(disk or []),
+            log_stale=parse_log_stale(log_stale or []), job_liveness=job_liveness, gpu=not no_gpu,
+            hooks_socket=hooks_socket, control_dir=control_dir, spool_dir=spool_dir, spool_max_mb=spool_max_mb,
+            health_check=health_check, health_min_free_gb=health_min_free_gb, health_gloo=health_gloo,
+            actuate=actuate, actuate_dry_run=actuate_dry_run, actuate_ledger=actuate_ledger,
+            max_restarts_without_progress=max_restarts_without_progress, restart_grace=restart_grace,
+            restart_backoff=restart_backoff, restart_backoff_max=restart_backoff_max, checkpoint_wait=checkpoint_wait,
+            duration=duration)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if opts.job_liveness and not opts.job:
         raise typer.BadParameter("--job-liveness needs --job")
-    if actuate and not (job and command):
-        raise typer.BadParameter("--actuate needs --job and a training command after `--`")
+    if opts.actuate and not (opts.job and opts.command):
+        raise typer.BadParameter("--actuate needs a job (--job or SLURM_JOB_ID) and a training command after `--`")
     try:
         bootstrap = resolve_bootstrap(settings)
     except StackError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    node_name = node or socket.gethostname()
-    source = Source(cluster=cluster, node=node_name, job=job)
-    node_source = Source(cluster=cluster, node=node_name)
-    state = settings.state_dir
-    publisher = Publisher({"bootstrap.servers": bootstrap, **settings.kafka_security()}, settings.topic_prefix,
-                          spool_dir=spool_dir or state / "spool", spool_max_bytes=spool_max_mb << 20, source=node_source)
-    collectors = [
-        HeartbeatCollector(heartbeat_interval, node_source),
-        KmsgCollector(kmsg_interval, node_source, kmsg),
-        NicCollector(nic_interval, node_source, nic_root),
-        MemoryWatchdog(watchdog_interval, node_source),
-    ]
-    if not no_gpu:
-        collectors += [NvmlTelemetryCollector(gpu_interval, node_source), NvmlXidCollector(xid_interval, node_source),
-                       GpuMemoryWatchdog(watchdog_interval, node_source)]
-    if disk:
-        collectors.append(DiskWatchdog(watchdog_interval, node_source, [str(d) for d in disk]))
-    if log_stale:
-        collectors.append(LogStalenessWatchdog(min(watchdog_interval, 30.0), source, dict(_parse_log(s) for s in log_stale)))
-    if job_liveness:
-        collectors.append(JobLivenessWatchdog(watchdog_interval, source, job))  # type: ignore[arg-type]
-    if watch_pid:
-        collectors.append(PidWatcher(1.0, source, list(watch_pid)))
-    sock = hooks_socket or state / "hooks.sock"
-    batcher = NodeBatcher(str(sock), publisher)
-    supervisor = None
-    if command:
-        env = {"VIGIL_HOOKS_SOCKET": str(sock)}
-        if control_dir is not None:
-            env["VIGIL_CONTROL_DIR"] = str(control_dir)
-        # A crashed rank's exit must reach the detectors before its peers' broken connections
-        # have waited out their settling time (1 s): polling its children costs one waitpid each.
-        supervisor = ProcessSupervisor(0.1, source, command, nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                                       master_addr=master_addr, master_port=master_port, env=env)
-        collectors.append(supervisor)
-    stop = threading.Event()
-    actuator = None
-    if actuate:
-        from vigil.actuators.errors import ActuatorError
-        from vigil.actuators.safety import SafetyLimits
-        from vigil.services.actuator import ActuatedSupervisor, AgentActuator
+    from vigil.actuators.errors import ActuatorError
 
-        def give_up(reason: str) -> None:
-            typer.echo(f"vigil agent: {reason}; stopping", err=True)
-            stop.set()
-
-        try:
-            actuator = AgentActuator(
-                supervisor, job=job, node=node_name, cluster=cluster,  # type: ignore[arg-type]
-                kafka_conf={"bootstrap.servers": bootstrap, **settings.kafka_security()}, prefix=settings.topic_prefix,
-                ledger_path=actuate_ledger or state / f"agent-{node_name}-{job}-ledger.sqlite",
-                control_dir=control_dir, batcher=batcher, dry_run=actuate_dry_run,
-                limits=SafetyLimits(max_restarts_without_progress=max_restarts_without_progress),
-                grace_s=restart_grace, checkpoint_wait_s=checkpoint_wait,
-                session_timeout_s=settings.session_timeout_s, heartbeat_interval_s=settings.heartbeat_interval_s,
-                on_give_up=give_up)
-        except ActuatorError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(1) from None
-        # Exits are published as they happen (they are what the decisions answer).
-        view = ActuatedSupervisor(supervisor, actuator)
-        runner = Agent([c for c in collectors if c is not supervisor] + [view], publisher, source, supervisor=view,
-                       batcher=batcher)
-    else:
-        runner = Agent([c for c in collectors if c is not supervisor], publisher, source, supervisor=supervisor,
-                       batcher=batcher)
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    typer.echo(f"vigil agent on {node_name}: {len(collectors)} collectors, hooks socket {sock}, broker {bootstrap}", err=True)
-    if actuator is not None:
-        actuator.start()
     try:
-        code = runner.run(duration_s=duration, stop=stop)
-    finally:
-        if actuator is not None:
-            actuator.stop()
-    if actuator is not None and actuator.gave_up is not None:
-        typer.echo(f"vigil agent: exiting because {actuator.gave_up}", err=True)
-        code = code or 1
+        node_agent = NodeAgent(opts, {"bootstrap.servers": bootstrap, **settings.kafka_security()},
+                               settings.topic_prefix, settings.state_dir, session_timeout_s=settings.session_timeout_s,
+                               heartbeat_interval_s=settings.heartbeat_interval_s)
+    except ActuatorError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"vigil agent on {node_agent.node}: {len(node_agent.collectors)} collectors, hooks socket "
+               f"{node_agent.sock}, broker {bootstrap}"
+               + (f", job {opts.job} ({opts.nproc_per_node} rank(s), node {opts.node_rank} of {opts.nnodes})"
+                  if opts.command else ""), err=True)
+    code = node_agent.run()
+    if node_agent.actuator is not None and node_agent.actuator.gave_up is not None:
+        typer.echo(f"vigil agent: gave up: {node_agent.actuator.gave_up}; exiting {code}", err=True)
     raise typer.Exit(code)

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from vigil.actuators.backends import LocalBackend
-from vigil.actuators.errors import ActuatorError
+from vigil.actuators.errors import ActionCancelled, ActuatorError
 from vigil.actuators.executor import Executor
 from vigil.schemas import Decision, Envelope, encode, message_key, topic_name
 from vigil.schemas.envelope import to_seconds, utcnow
@@ -38,12 +38,25 @@ __all__ = ["ActuatedSupervisor", "ActuatorService", "AgentActuator", "Supervisor
 
 
 class SupervisorControl:
-    """:class:`~vigil.actuators.backends.local.ProcessControl` on top of a :class:`~vigil.producers.agent.ProcessSupervisor`."""
+    """:class:`~vigil.actuators.backends.local.ProcessControl` on top of a :class:`~vigil.producers.agent.ProcessSupervisor`.
 
-    def __init__(self, supervisor: Any, job: str, grace_s: float = 10.0) -> None:
+    Restarts back off: the n-th restart within ``backoff_reset_s`` of the
+    one before waits ``backoff_s`` x 2^(n-1) seconds (at most
+    ``backoff_max_s``) between stopping the ranks and launching them again.
+    ``on_restart(count, why)`` is told of each (the agent publishes it as the
+    job ``restarting``).
+    """
+
+    def __init__(self, supervisor: Any, job: str, grace_s: float = 10.0, backoff_s: float = 1.0,
+                 backoff_max_s: float = 60.0, backoff_reset_s: float = 600.0,
+                 on_restart: Callable[[int, str], Any] | None = None) -> None:
         self.supervisor = supervisor
         self.job = job
         self.grace_s = grace_s
+        self.backoff_s, self.backoff_max_s, self.backoff_reset_s = backoff_s, backoff_max_s, backoff_reset_s
+        self.on_restart = on_restart
+        self._streak = 0
+        self._last: float | None = None
 
     def jobs(self) -> set[str]:
         return {self.job}
@@ -55,7 +68,18 @@ class SupervisorControl:
                 prepare: Callable[[], bool] | None = None) -> None:
         if job != self.job:
             raise ValueError(f"this supervisor runs job {self.job}, not {job}")
-        self.supervisor.restart(reason, grace_s=self.grace_s, wait_s=wait_s, prepare=prepare)
+        now = time.monotonic()
+        self._streak = self._streak + 1 if self._last is not None and now - self._last < self.backoff_reset_s else 1
+        self._last = now
+        delay = min(self.backoff_s * 2 ** (self._streak - 1), self.backoff_max_s) if self.backoff_s > 0 else 0.0
+        if self.on_restart is not None:
+            self.on_restart(self._streak, f"{reason} (relaunch after {delay:g} s)")
+        try:
+            self.supervisor.restart(reason, grace_s=self.grace_s, wait_s=wait_s, prepare=prepare, delay_s=delay)
+        except RuntimeError as exc:
+            if getattr(self.supervisor, "closed", False):  # the agent is stopping: no verdict on the remedy
+                raise ActionCancelled(f"the agent is stopping ({exc})") from None
+            raise
 
 
 class ActuatorService:
@@ -69,10 +93,11 @@ class ActuatorService:
                  filter_jobs: Iterable[str] | None = None, clock: Callable[[], datetime] = utcnow,
                  ready_file: Path | None = None, batch_size: int = 100, poll_timeout_s: float = 0.2,
                  session_timeout_s: float = 6.0, heartbeat_interval_s: float = 1.0,
-                 max_action_s: float = 900.0) -> None:
+                 max_action_s: float = 900.0, after_decision: Callable[[Decision], None] | None = None) -> None:
         from confluent_kafka import Consumer, Producer
 
         self.executor = executor
+        self.after_decision = after_decision
         self.prefix = prefix
         self.filter_jobs = frozenset(filter_jobs) if filter_jobs else None
         self.clock = clock
@@ -167,6 +192,8 @@ class ActuatorService:
                     finally:
                         self.busy = False
                     self.handled += 1
+                    if self.after_decision is not None:
+                        self.after_decision(event)
                 else:
                     self.executor.observe(event)
             offsets[(topic, partition)] = offset + 1
@@ -210,13 +237,16 @@ class ActuatorService:
 class AgentActuator:
     """``vigil agent --actuate``: the local backend on the agent's own supervisor, fed by an :class:`ActuatorService`.
 
-    It takes the decisions for ``job`` that a local supervisor can carry out
-    (retry in place, restart, checkpoint-restart; other actions are left to a
-    scheduler's actuator), in a consumer group of its own (every node's agent
-    sees every decision for its job and acts on its own ranks). Progress for
-    the no-progress guard is the highest step the node batcher has seen for
-    the job (and the decision's ``plan["progress_step"]``). When the guard
-    gives up, ``on_give_up(reason)`` is called once and the thread ends.
+    It takes the decisions for ``job`` in a consumer group of its own (every
+    node's agent sees every decision for its job and acts on its own ranks)
+    and carries out those a local supervisor can (retry in place, restart,
+    checkpoint-restart); the others are refused with the reason, on the
+    actions topic. Progress for the no-progress guard is the highest step the
+    node batcher has seen for the job (and the decision's
+    ``plan["progress_step"]``). When the guard gives up, or a decision asks to
+    move the job (``reconfigure``, which only the scheduler can do), it gives
+    up: ``on_give_up(reason)`` is called once and the thread ends (the agent
+    stops the ranks and exits for the scheduler to requeue the job).
     """
 
     def __init__(self, supervisor: Any, *, job: str, node: str, cluster: str, kafka_conf: dict[str, Any], prefix: str,
@@ -224,25 +254,28 @@ class AgentActuator:
                  limits: Any = None, dry_run: bool = False, grace_s: float = 10.0, checkpoint_wait_s: float = 120.0,
                  max_age_s: float | None = 600.0, group_id: str | None = None, session_timeout_s: float = 6.0,
                  heartbeat_interval_s: float = 1.0, ready_file: Path | None = None,
-                 on_give_up: Callable[[str], None] | None = None) -> None:
+                 on_give_up: Callable[[str], None] | None = None, backoff_s: float = 1.0,
+                 backoff_max_s: float = 60.0, on_restart: Callable[[int, str], Any] | None = None) -> None:
         from vigil.actuators.inventory import Inventory
         from vigil.actuators.ledger import Ledger
         from vigil.actuators.safety import Safety, SafetyLimits
         from vigil.schemas import Source
 
         self.job = job
-        self.control = SupervisorControl(supervisor, job, grace_s)
+        self.control = SupervisorControl(supervisor, job, grace_s, backoff_s=backoff_s, backoff_max_s=backoff_max_s,
+                                         on_restart=on_restart)
         backend = LocalBackend(self.control, control_dir, node=node, checkpoint_wait_s=checkpoint_wait_s)
         progress = getattr(batcher, "highest_step", None)
         self.ledger = Ledger(ledger_path, now=to_seconds(utcnow()))
         self.executor = Executor(backend, self.ledger, Inventory(nodes=[node], jobs=[job]),
                                  Safety(limits or SafetyLimits(), progress=progress), dry_run=dry_run,
-                                 source=Source(cluster=cluster, node=node), max_age_s=max_age_s,
-                                 actions=LocalBackend.supports, clock=utcnow)
+                                 source=Source(cluster=cluster, node=node), max_age_s=max_age_s, clock=utcnow)
         self.service = ActuatorService(self.executor, kafka_conf, prefix,
                                        group_id=group_id or f"{prefix}-agent-actuator-{node}-{job}",
                                        filter_jobs=[job], ready_file=ready_file, session_timeout_s=session_timeout_s,
-                                       heartbeat_interval_s=heartbeat_interval_s)
+                                       heartbeat_interval_s=heartbeat_interval_s, after_decision=self._after)
+        self.node = node
+        self._cannot: str | None = None
         self.on_give_up = on_give_up
         self.gave_up: str | None = None
         self._stop = threading.Event()
@@ -257,15 +290,24 @@ class AgentActuator:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    def _after(self, decision: Decision) -> None:
+        if decision.action == "reconfigure" and decision.target.job == self.job:
+            self._cannot = (f"decision {decision.decision_id} asks to move job {self.job} off "
+                            f"{', '.join(decision.plan.get('exclude_nodes') or []) or 'its nodes'}, which only the "
+                            f"scheduler can do ({decision.reason[:200]})")
+
     def _run(self) -> None:
         try:
-            self.service.run(self._stop, until=lambda: self.job in self.executor.safety.given_up)
+            self.service.run(self._stop, until=lambda: self.job in self.executor.safety.given_up
+                             or self._cannot is not None)
         except Exception as exc:  # noqa: BLE001 - reported to the agent, which stops
             self.gave_up = f"the actuator stopped: {type(exc).__name__}: {exc}"
         else:
             reason = self.executor.safety.given_up.get(self.job)
             if reason is not None:
                 self.gave_up = f"the no-progress guard gave up on job {self.job}: {reason}"
+            elif self._cannot is not None:
+                self.gave_up = self._cannot
         if self.gave_up is not None and self.on_give_up is not None:
             self.on_give_up(self.gave_up)
 

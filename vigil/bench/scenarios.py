@@ -1,0 +1,344 @@
+"""``vigil bench scenarios``: real job lifecycles on the real agent, judged against ground truth.
+
+Each scenario runs on a real broker with a real ``vigil worker`` and real
+``vigil agent`` processes launching real gloo torch ranks
+(:mod:`vigil.bench.scenario_harness`), does something to them (lets the job
+finish, cancels it, hangs or kills a rank, kills or stops an agent, freezes
+eight agents, stops the broker), and compares what vigil published (alerts,
+decisions, actions, job and node states, the agents' exit codes) with what
+the scenario knows happened. A *false page* is a sev1/sev2 incident or a
+decision the ground truth does not call for; a *miss* is a required
+observation that did not come (or came too late).
+
+JSON: ``{"scenarios": {NAME: {"passed", "expected", "observed", "false_pages",
+"missed", "wall_s"}}, "passed", "total", "false_pages", "missed", "wall_s",
+"machine"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from vigil.bench.scenario_harness import AgentProcess, Recorder, Scene, WorkerProcess, wait_until
+from vigil.schemas import NodeState, Source, encode, message_key, topic_name
+from vigil.schemas.envelope import utcnow
+
+__all__ = ["SCENARIOS", "FAST", "run", "run_scenario", "Verdict"]
+
+#: Step time of the scenarios' jobs (seconds), and the hang detector's k (the defaults).
+STEP_S = 0.2
+K = 3.0
+
+
+@dataclass
+class Verdict:
+    """What a scenario required and allowed, and what it saw."""
+
+    expected: dict[str, Any] = field(default_factory=dict)
+    observed: dict[str, Any] = field(default_factory=dict)
+    pages_allowed: set[str] = field(default_factory=set)
+    decisions_allowed: set[str] = field(default_factory=set)
+    requirements: dict[str, bool] = field(default_factory=dict)
+
+    def require(self, name: str, ok: bool, seen: Any = None) -> None:
+        self.requirements[name] = bool(ok)
+        if seen is not None:
+            self.observed[name] = seen
+
+    def judge(self, rec: Recorder, t0: float) -> dict[str, Any]:
+        pages = [a for a in rec.pages() if a.kind not in self.pages_allowed]
+        decisions = [d for _, d in rec.decisions if d.action not in self.decisions_allowed]
+        self.observed["pages"] = sorted(f"sev{a.severity} {a.kind} {a.subject.model_dump(exclude_none=True)}"
+                                        for a in rec.pages())
+        self.observed["decisions"] = [f"{d.action} {d.target.model_dump(exclude_none=True)}" for _, d in rec.decisions]
+        self.observed["requirements"] = dict(self.requirements)
+        self.observed["timeline"] = [_line(t - t0, e) for t, e in rec.events][:200]
+        false_pages = len(pages) + len(decisions)
+        missed = sum(1 for ok in self.requirements.values() if not ok)
+        self.expected.setdefault("pages_allowed", sorted(self.pages_allowed))
+        self.expected.setdefault("decisions_allowed", sorted(self.decisions_allowed))
+        return {"passed": false_pages == 0 and missed == 0, "expected": self.expected, "observed": self.observed,
+                "false_pages": false_pages, "missed": missed}
+
+
+def _line(t: float, e: Any) -> str:
+    """One published event, for a human reading the JSON: when (s from the scenario's start) and what."""
+    what = getattr(e, "state", None) or getattr(e, "action", None) or getattr(e, "status", "")
+    about = getattr(e, "kind", "") or getattr(e, "reason", "") or getattr(e, "detail", "")
+    return f"{t:7.2f} {e.event_type} {what} {about}"[:160]
+
+
+def _spec(**kw: Any) -> dict[str, Any]:
+    return {"steps": 1000, "step_s": STEP_S, **kw}
+
+
+def _settle(rec: Recorder, seconds: float) -> None:
+    """Keep reading for ``seconds``: what vigil says after the fact (a late false page) counts too."""
+    wait_until(lambda: False, seconds, rec.poll)
+
+
+def _states(rec: Recorder, job: str) -> list[str]:
+    return [s.state for _, s in rec.job_states(job)]
+
+
+# -- the scenarios ---------------------------------------------------------------------------------------------
+
+
+def normal_completion(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "done", _spec(steps=30))
+    v.expected.update(exit_code=0, job_state="completed")
+    code = None
+    wait_until(lambda: agent.proc.poll() is not None, 120, rec.poll)
+    code = agent.proc.poll()
+    _settle(rec, 6)
+    v.require("exit_code", code == 0, code)
+    v.require("job_completed", "completed" in _states(rec, "done"), _states(rec, "done"))
+
+
+def job_cancelled(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "cancel", _spec())
+    v.expected.update(exit_code=143, job_state="cancelled")
+    wait_until(lambda: agent.step() >= 10, 90, rec.poll)
+    agent.signal(signal.SIGTERM)  # what scancel and a Kubernetes eviction do
+    wait_until(lambda: agent.proc.poll() is not None, 60, rec.poll)
+    _settle(rec, 6)
+    v.require("exit_code", agent.proc.poll() == 143, agent.proc.poll())
+    v.require("job_cancelled", "cancelled" in _states(rec, "cancel"), _states(rec, "cancel"))
+
+
+def hang_after_clean_run(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    first = AgentProcess(scene, "n1", "first", _spec(steps=20))
+    wait_until(lambda: first.proc.poll() is not None, 120, rec.poll)
+    hang_at = 25
+    second = AgentProcess(scene, "n1", "second", _spec(hang_at=hang_at), actuate=True)
+    budget = K * STEP_S + 1.0
+    v.expected.update(first_exit=0, hang_incident="task_hang of job second", within_s=budget, decision="restart_process")
+    v.pages_allowed, v.decisions_allowed = {"task_hang"}, {"restart_process"}
+    onset: list[float] = []
+
+    def watch() -> None:
+        rec.poll()
+        if not onset and second.step() >= hang_at - 1:
+            f = second.dir / "progress" / "rank0"
+            onset.append(f.stat().st_mtime)  # when the last step before the hang ended (its rank wrote it)
+    opened = lambda: [t for t, a in rec.opened("task_hang") if a.subject.job == "second"]
+    wait_until(lambda: bool(opened()), 90, watch)
+    wait_until(lambda: any(d.action == "restart_process" for _, d in rec.decisions), 20, rec.poll)
+    second.signal(signal.SIGTERM)
+    wait_until(lambda: second.proc.poll() is not None, 60, rec.poll)
+    _settle(rec, 4)
+    delay = opened()[0] - onset[0] if opened() and onset else None
+    v.require("first_exit", first.proc.poll() == 0, first.proc.poll())
+    v.require("hang_alert_in_time", delay is not None and delay <= budget,
+              None if delay is None else round(delay, 3))
+    v.require("restart", any(d.action == "restart_process" and d.target.job == "second" for _, d in rec.decisions))
+    v.require("new_incident", all(a.subject.job != "first" for a in rec.pages()))
+
+
+def crash_loop(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "crashy", _spec(crash=3), actuate=True)
+    v.expected.update(backoff="growing gaps between restarts", exit_code=75, alert="sev1 recovery_failed")
+    v.pages_allowed = {"process_exit", "recovery_failed"}
+    v.decisions_allowed = {"restart_process", "reconfigure", "notify_human"}
+    wait_until(lambda: agent.proc.poll() is not None, 180, rec.poll)
+    _settle(rec, 5)
+    restarts = [t for t, s in rec.job_states("crashy") if s.state == "restarting"]
+    gaps = [round(b - a, 2) for a, b in zip(restarts, restarts[1:])]
+    v.require("backoff", len(gaps) >= 2 and all(b > a for a, b in zip(gaps, gaps[1:])), gaps)
+    v.require("exit_code", agent.proc.poll() == 75, agent.proc.poll())
+    v.require("recovery_failed", any(a.kind == "recovery_failed" and a.severity == 1 for _, a in rec.alerts))
+
+
+def warmup(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "warm", _spec(steps=40, first_step_x=15.0), actuate=True)
+    v.expected.update(exit_code=0)
+    wait_until(lambda: agent.proc.poll() is not None, 150, rec.poll)
+    _settle(rec, 5)
+    v.require("exit_code", agent.proc.poll() == 0, agent.proc.poll())
+
+
+def checkpoint_pause(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "ckpt", _spec(steps=40, ckpt_every=8, ckpt_x=10.0), actuate=True)
+    v.expected.update(exit_code=0)
+    wait_until(lambda: agent.proc.poll() is not None, 150, rec.poll)
+    _settle(rec, 5)
+    v.require("exit_code", agent.proc.poll() == 0, agent.proc.poll())
+
+
+def rank_killed(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "victim", _spec(), actuate=True)
+    v.expected.update(alert="sev2 process_exit", within_s=0.5, decision="restart_process")
+    v.pages_allowed, v.decisions_allowed = {"process_exit"}, {"restart_process"}
+    wait_until(lambda: agent.step() >= 15, 90, rec.poll)
+    pid = agent.progress()[1][1]
+    killed = time.time()
+    os.kill(pid, signal.SIGKILL)
+    # the first alert naming the exit (a peer's broken connection may have opened the incident first)
+    opened = lambda: [t for t, a in rec.alerts if a.kind == "process_exit" and a.subject.job == "victim"][:1]
+    wait_until(lambda: bool(opened()), 20, rec.poll)
+    wait_until(lambda: any(d.action == "restart_process" for _, d in rec.decisions), 20, rec.poll)
+    wait_until(lambda: agent.step() >= 3 and "restarting" in _states(rec, "victim"), 60, rec.poll)
+    agent.signal(signal.SIGTERM)
+    wait_until(lambda: agent.proc.poll() is not None, 60, rec.poll)
+    _settle(rec, 4)
+    delay = opened()[0] - killed if opened() else None
+    v.require("exit_alert_in_time", delay is not None and delay <= 0.5, None if delay is None else round(delay, 3))
+    v.require("restart", any(d.action == "restart_process" for _, d in rec.decisions))
+
+
+def agent_killed(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n7", None)
+    v.expected.update(alert="sev1 node_lost", within_s=3.0)
+    v.pages_allowed, v.decisions_allowed = {"node_lost"}, {"isolate_node"}
+    wait_until(lambda: bool(rec.node_states("n7")), 60, rec.poll)
+    _settle(rec, 3)
+    killed = time.time()
+    agent.kill_hard()
+    opened = lambda: [t for t, a in rec.opened("node_lost") if a.subject.node == "n7"]
+    wait_until(lambda: bool(opened()), 20, rec.poll)
+    _settle(rec, 4)
+    delay = opened()[0] - killed if opened() else None
+    v.require("node_lost_in_time", delay is not None and delay <= 3.0, None if delay is None else round(delay, 3))
+
+
+def agent_stopped_cleanly(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n8", None)
+    v.expected.update(node_state="leaving", node_lost=False)
+    wait_until(lambda: bool(rec.node_states("n8")), 60, rec.poll)
+    _settle(rec, 3)
+    agent.signal(signal.SIGTERM)
+    wait_until(lambda: agent.proc.poll() is not None, 30, rec.poll)
+    _settle(rec, 10)  # well past 2.5 missed heartbeats
+    v.require("leaving", "leaving" in [s.state for _, s in rec.node_states("n8")])
+    v.require("no_node_lost", not rec.opened("node_lost"))
+
+
+def eight_silent(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agents = [AgentProcess(scene, f"r{i}", None) for i in range(8)]
+    v.expected.update(incidents=1, kind="nodes_silent", resolved=True)
+    v.pages_allowed = {"nodes_silent"}
+    wait_until(lambda: all(rec.node_states(a.node) for a in agents), 90, rec.poll)
+    _settle(rec, 4)
+    for a in agents:  # the feed stops: every agent frozen at once
+        os.killpg(a.proc.pid, signal.SIGSTOP)
+    wait_until(lambda: bool(rec.opened()), 20, rec.poll)
+    _settle(rec, 8)
+    opened = rec.opened()
+    for a in agents:
+        os.killpg(a.proc.pid, signal.SIGCONT)
+    ids = {a.incident_id for _, a in opened}
+    wait_until(lambda: ids and all(any(a.incident_id == i and a.status == "resolved" for _, a in rec.alerts)
+                                   for i in ids), 30, rec.poll)
+    _settle(rec, 3)
+    v.require("one_incident", len(rec.opened()) == 1, [f"{a.kind} {a.subject.model_dump(exclude_none=True)}"
+                                                       for _, a in rec.opened()])
+    v.require("shared_cause", any(a.kind == "nodes_silent" for _, a in rec.alerts))
+    v.require("resolved", bool(ids) and all(any(a.incident_id == i and a.status == "resolved"
+                                                for _, a in rec.alerts) for i in ids))
+
+
+def repair_fails_health_check(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": scene.bootstrap})
+    repaired = NodeState(event_time=utcnow(), source=Source(node="n9"), state="repaired", reason="RMA returned")
+    p.produce(topic_name("node_state", scene.prefix), encode(repaired), key=message_key(repaired))
+    p.flush(10)
+    agent = AgentProcess(scene, "n9", None, extra=("--health-min-free-gb", "1000000"))  # a check it cannot pass
+    v.expected.update(node_state="unhealthy", reported="sev3 health_check_failed", capacity="out")
+    wait_until(lambda: any(a.kind == "health_check_failed" for _, a in rec.alerts), 60, rec.poll)
+    _settle(rec, 3)
+    agent.signal(signal.SIGTERM)
+    wait_until(lambda: agent.proc.poll() is not None, 30, rec.poll)
+    states = [s.state for _, s in rec.node_states("n9")]
+    v.require("unhealthy", "unhealthy" in states and "joined" not in states, states)
+    v.require("reported", any(a.kind == "health_check_failed" and a.severity == 3 for _, a in rec.alerts))
+
+
+SCENARIOS: dict[str, Callable[[Scene, Recorder, Verdict], None]] = {
+    "normal_completion": normal_completion,
+    "job_cancelled": job_cancelled,
+    "hang_after_clean_run": hang_after_clean_run,
+    "crash_loop": crash_loop,
+    "warmup": warmup,
+    "checkpoint_pause": checkpoint_pause,
+    "rank_killed": rank_killed,
+    "agent_killed": agent_killed,
+    "agent_stopped_cleanly": agent_stopped_cleanly,
+    "eight_silent": eight_silent,
+    "repair_fails_health_check": repair_fails_health_check,
+}
+#: The subset the integration tests run on every `make test`.
+FAST = ("normal_completion", "rank_killed", "agent_stopped_cleanly")
+
+
+def run_scenario(name: str, bootstrap: str, root: Path) -> dict[str, Any]:
+    """One scenario on the broker at ``bootstrap``: its own prefix, worker and processes."""
+    from vigil.streams.kafka import ensure_topics
+
+    scene = Scene(root / name, bootstrap)
+    scene.root.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    verdict = Verdict()
+    rec = None
+    try:
+        ensure_topics({"bootstrap.servers": bootstrap}, scene.prefix)
+        worker = WorkerProcess(scene)
+        worker.wait_ready()
+        rec = Recorder(scene)
+        t0 = time.time()
+        SCENARIOS[name](scene, rec, verdict)
+        out = verdict.judge(rec, t0)
+    except Exception as exc:  # a scenario that cannot run fails, with the reason
+        out = {"passed": False, "expected": verdict.expected, "observed": {"error": f"{type(exc).__name__}: {exc}",
+                                                                          "trace": traceback.format_exc()[-2000:]},
+               "false_pages": 0, "missed": 1}
+    finally:
+        if rec is not None:
+            rec.close()
+        scene.close()
+    out["wall_s"] = round(time.monotonic() - started, 1)
+    return out
+
+
+def run(json_path: str | None, names: tuple[str, ...] | None = None, bootstrap: str | None = None,
+        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the scenarios (all by default) on a broker of their own (or ``bootstrap``); write JSON."""
+    from vigil.bench.machine import machine_info
+    from vigil.broker import TansuBroker, find_tansu
+
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    names = names or tuple(SCENARIOS)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="vigil-scenarios-") as tmp:
+        broker = None
+        if bootstrap is None:
+            broker = TansuBroker(find_tansu(None), log_path=Path(tmp) / "tansu.log").start()
+            bootstrap = broker.bootstrap
+        try:
+            for name in names:
+                if progress is not None:
+                    progress(name)
+                results[name] = run_scenario(name, bootstrap, Path(tmp))
+        finally:
+            if broker is not None:
+                broker.stop()
+    out = {"scenarios": results, "passed": sum(r["passed"] for r in results.values()), "total": len(results),
+           "false_pages": sum(r["false_pages"] for r in results.values()),
+           "missed": sum(r["missed"] for r in results.values()), "wall_s": round(time.monotonic() - started, 1),
+           "machine": {**machine_info(), "load_before": [round(x, 2) for x in load_before],
+                       "load_after": [round(x, 2) for x in os.getloadavg()]},
+           "command": "vigil bench scenarios --json " + (json_path or "-")}
+    if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(out, indent=1) + "\n")
+    return out
