@@ -462,7 +462,6 @@ class StragglerLocalizer(Detector):
         self._times: deque = deque(maxlen=self.window)
         self._result: Localization | None = None
         self._streak = 0
-        self._streak_start: float | None = None
         self._confirmed: dict[str, Any] | None = None
         self._observed = 0
         self._placement: RankTimings | None = None
@@ -495,7 +494,6 @@ class StragglerLocalizer(Detector):
             self._streak += 1
         else:
             self._streak = 1
-            self._streak_start = self._times[0]
         if res.culprit == "none":
             if self._streak >= self.confirm:
                 self._confirmed = None
