@@ -401,7 +401,8 @@ class StragglerLocalizer(Detector):
     Update signature: ``update(records, *, t)`` — one iteration, ``t`` its end.
 
     Finding: kind ``"straggler"``, severity 3, onset = end time of the first
-    iteration of the window in which the culprit was first confirmed,
+    of the window's latest iterations that each show the culprit on their own
+    (when it was first confirmed),
     evidence ``culprit, location, suspects`` (list of dicts with ``culprit,
     location, excess_s, score, evidence``), ``iterations``.
 
@@ -461,7 +462,6 @@ class StragglerLocalizer(Detector):
         self._times: deque = deque(maxlen=self.window)
         self._result: Localization | None = None
         self._streak = 0
-        self._streak_start: float | None = None
         self._confirmed: dict[str, Any] | None = None
         self._observed = 0
         self._placement: RankTimings | None = None
@@ -494,7 +494,6 @@ class StragglerLocalizer(Detector):
             self._streak += 1
         else:
             self._streak = 1
-            self._streak_start = self._times[0]
         if res.culprit == "none":
             if self._streak >= self.confirm:
                 self._confirmed = None
@@ -502,11 +501,27 @@ class StragglerLocalizer(Detector):
         if self._streak >= self.confirm:
             c = self._confirmed
             if c is None or (c["culprit"], c["location"]) != (res.culprit, res.location):
-                self._confirmed = {"culprit": res.culprit, "location": res.location, "onset": self._streak_start, "detected_at": t}
+                self._confirmed = {"culprit": res.culprit, "location": res.location,
+                                   "onset": self._onset_of(res.location, t), "detected_at": t}
             self._confirmed["suspects"] = [
                 {"culprit": s.culprit, "location": s.location, "excess_s": s.excess_s, "score": s.score, "evidence": s.evidence}
                 for s in res.suspects
             ]
+
+    def _onset_of(self, location: tuple | None, t: float) -> float:
+        """When the culprit began: the end of the first of the window's latest iterations that each
+        show it on their own (``t`` when the latest does not).
+
+        Not the window's first iteration: while a job is healthy only every ``quiet_every``-th
+        step is kept, so the window can reach far back, to before the culprit slowed down."""
+        params = {"stage_rel": self.stage_rel, "worker_rel": self.worker_rel, "link_rel": self.link_rel,
+                  "z": self.z, "dominance": self.dominance}
+        onset = t
+        for recs, at in zip(reversed(self._iters), reversed(self._times)):
+            if all(s.location != location for s in localize(recs, **params).suspects):
+                break
+            onset = at
+        return onset
 
     @property
     def localization(self) -> Localization | None:

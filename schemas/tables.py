@@ -111,11 +111,16 @@ def _unwrap_optional(annotation: Any) -> tuple[Any, bool]:
 _EMPTY_JSON = {dict: "{}", list: "[]"}
 
 
+def _json_default(v: Any) -> Any:
+    # A nested model (an alert's slowdowns) as its JSON object, not its repr; the rest (UUIDs, times) as text.
+    return v.model_dump(mode="json") if isinstance(v, BaseModel) else str(v)
+
+
 def _to_json(v: Any) -> str:
     # Empty containers are most of them (no NVLink errors, no evidence): skip the encoder.
     if not v and type(v) in (dict, list):
         return "{}" if type(v) is dict else "[]"
-    return json.dumps(v, default=str, separators=(",", ":"))
+    return json.dumps(v, default=_json_default, separators=(",", ":"))
 
 
 def _base_type(annotation: Any) -> tuple[str, Callable[[Any], Any]]:

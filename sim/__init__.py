@@ -1,6 +1,7 @@
 """Simulated clusters: telemetry generators, labelled traces, and weeks of cluster time.
 
 - :mod:`~vigil.sim.simulator`: minutes of a cluster's telemetry, event by event (the demo, the Kafka benchmarks);
+- :mod:`~vigil.sim.feed`: ``vigil sim``, that simulator played into a running stack with a small fault vocabulary;
 - :mod:`~vigil.sim.traces`: labelled iteration-time traces for the change-point benchmark;
 - :mod:`~vigil.sim.rank_traces`: per-rank step records with a known straggler, for the localizer;
 - :mod:`~vigil.sim.clustersim`: weeks of a whole cluster under each recovery policy.

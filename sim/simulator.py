@@ -20,8 +20,8 @@ from typing import Literal
 
 from vigil.schemas import (
     GPUS_PER_NODE,
-    Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, NicCounters, ProcessExit,
-    Source,
+    Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState, NicCounters,
+    ProcessExit, Source,
     TrainingException, XidError, from_seconds,
 )
 
@@ -165,6 +165,11 @@ class ClusterSimulator:
     seed:
         Seed of the jitter; the same seed and the same ``advance`` times give
         the same events.
+    job_states:
+        Publish each job's :class:`~vigil.schemas.JobState` as a scheduler
+        would: ``running`` (nodes, GPUs, dp/pp/tp) at the start, and a
+        terminal state from :meth:`finish`. Without them the history knows
+        jobs by their steps only (no size, no end).
 
     The iteration model is synchronous: each rank computes for its own time
     (a slow GPU computes longer), then the step's collectives finish when the
@@ -176,7 +181,7 @@ class ClusterSimulator:
     def __init__(self, nodes: list[str], jobs: list[SimJob], faults: list[Fault], start: float,
                  heartbeat_interval_s: float = 1.0, seed: int = 0, cluster: str = "sim",
                  telemetry_interval_s: float | None = None, step_batches: bool = False,
-                 node_batches: bool = False) -> None:
+                 node_batches: bool = False, job_states: bool = False) -> None:
         unknown = {n for j in jobs for n in j.nodes} - set(nodes)
         if unknown:
             raise ValueError(f"jobs run on unknown nodes: {sorted(unknown)}")
@@ -224,7 +229,11 @@ class ClusterSimulator:
                     self._telemetry_due[node] = start + phase * heartbeat_interval_s
                 else:
                     self._push(start + phase * telemetry_interval_s + 1e-3, "telemetry", node)
+        self.job_states = job_states
+        self.finished_at: float | None = None
         for job in self.jobs.values():
+            if job_states:  # before its first step ends, as a scheduler starts a job before it trains
+                self._push(start, "job_state", job.name)
             self._schedule_iteration(job, start)
         for idx, f in enumerate(self.faults):
             self._push(start + f.at, "fault", str(idx))
@@ -275,10 +284,12 @@ class ClusterSimulator:
         of one job step, or one node's GPU or NIC telemetry of one interval.
         """
         out: list[list[Envelope]] = []
-        while self._queue and self._queue[0].at <= until:
+        while self._queue and self._queue[0].at <= until and self.finished_at is None:
             due = heapq.heappop(self._queue)
             self._now = due.at
-            if due.what == "heartbeat":
+            if due.what == "job_state":
+                out.append([self._job_state(self.jobs[due.target], "running", due.at)])
+            elif due.what == "heartbeat":
                 if due.target in self._lost_nodes:
                     continue
                 group: list[Envelope] = [self._heartbeat(due.target, due.at)]
@@ -307,6 +318,31 @@ class ClusterSimulator:
                 out.extend(self._peer_timeouts(self.faults[int(due.target)], due.at))
         self._now = max(self._now, until)
         return out
+
+    def job_blocked(self, name: str) -> bool:
+        """Is job ``name`` stopped (a lost node, a hang, a dead rank) as of now?"""
+        return self._job_blocked(self.jobs[name])
+
+    def finish(self, at: float) -> list[list[Envelope]]:
+        """Simulate up to ``at`` and stop there: the due events, then each job's terminal state.
+
+        A job still stopped by its fault (a lost node, a hang or a dead rank
+        that never recovered) ends ``failed``, the others ``completed``: what
+        a scheduler records when the allocation ends. Only with
+        ``job_states``; after it, :meth:`advance` returns nothing.
+        """
+        out = self.advance(at)
+        self.finished_at = max(at, self._now)
+        if self.job_states:
+            for job in self.jobs.values():
+                state = "failed" if self._job_blocked(job) else "completed"
+                out.append([self._job_state(job, state, self.finished_at)])
+        return out
+
+    def _job_state(self, job: SimJob, state: str, at: float) -> JobState:
+        return JobState(event_time=from_seconds(at), source=Source(cluster=self.cluster, job=job.name),
+                        state=state, nodes=list(job.nodes), gpus=job.world_size,  # type: ignore[arg-type]
+                        dp=job.dp, pp=job.pp, tp=job.tp)
 
     def _inject(self, fault: Fault, at: float) -> list[list[Envelope]]:
         fault.injected_at = at
@@ -452,4 +488,4 @@ def demo_scenario(start: float, seed: int = 0) -> ClusterSimulator:
         Fault("gpu_slow", "node-10", at=22.0, gpu=2, slowdown=0.4),
     ]
     return ClusterSimulator(nodes, jobs, faults, start=start, heartbeat_interval_s=1.0, seed=seed, cluster="demo",
-                            telemetry_interval_s=1.0, step_batches=True, node_batches=True)
+                            telemetry_interval_s=1.0, step_batches=True, node_batches=True, job_states=True)

@@ -1,6 +1,6 @@
 """Analytics over the history: rollup tables fed by materialized views, and views.
 
-Four rollups are filled by materialized views as the sink inserts, so they
+Five rollups are filled by materialized views as the sink inserts, so they
 outlive the raw telemetry's TTL and answer in milliseconds:
 
 ``incident_rollup``
@@ -13,6 +13,11 @@ outlive the raw telemetry's TTL and answer in milliseconds:
 ``node_days``
     first and last heartbeat of each node per day: the exposure (node-days in
     service) that failure rates are divided by.
+``incident_slowdowns``
+    per incident and job it slowed down: the largest relative slowdown and its
+    class, from the alerts' ``slowdowns`` and from their ``fail_slow``
+    evidence, whatever the incident's root (a throttled GPU, a congested link,
+    a straggler or the fail-slow itself).
 ``job_step_blocks``
     per job and block of 1024 steps (fed from ``job_steps``): rows, distinct
     steps, summed duration, first/last start and end. ETTR adds up the blocks
@@ -36,12 +41,18 @@ The views on top are plain SQL, most of them parameterized by a window
 ``incident_taxonomy(since, until)``
     incidents by domain, kind, severity and XID code.
 ``job_runs``
-    each job's span (first running state or step to its terminal state or last
-    step), GPUs and nodes.
+    each job's span, GPUs and nodes from its published states (``job_states``)
+    and its steps. The span starts at the first ``running`` state or the first
+    step, whichever is first, and ends at the terminal state (``completed``,
+    ``failed``, ``cancelled``); a job whose last state is not terminal still
+    holds its GPUs, so its span runs to now; a job that never published a
+    state is known by its steps only and spans its first to its last step.
 ``ettr(since, until)``
     Meta's effective training time ratio per job: productive time (each step's
     last execution; executions later redone after a restart are lost work) over
-    available time (the job's span), both clipped to the window.
+    available time (the job's span), both clipped to the window. A job that
+    died and was failed by its scheduler later, or still holds its GPUs, has
+    the time since its last step counted as available and unproductive.
 ``mttf_by_size(since, until)`` / ``mttf_projection(since, until)``
     failures (fail-stop incidents of the job, or of a node it ran on) per
     GPU-count bucket with the observed MTTF; the fleet failure rate per
@@ -54,8 +65,10 @@ The views on top are plain SQL, most of them parameterized by a window
 ``detection_latency(since, until)``
     detection - onset per first detector: count, mean, p50, p90, p99, max.
 ``failslow_lost(since, until)``
-    time lost to fail-slow incidents per job: slowed time x rel/(1 + rel),
-    where rel is the relative slowdown the change-point detector measured.
+    time lost to fail-slows per job: slowed time x rel/(1 + rel), where rel
+    is the relative slowdown the change-point detector measured for the job
+    (``incident_slowdowns``) and the slowed time runs from the incident's
+    onset to its resolution, clipped to the window and to the job's span.
 ``lemon_nodes(since, until)``
     fail-stop incidents per node (user-code failures excluded) against the
     fleet rate times the node's days in service: the Poisson tail probability
@@ -76,14 +89,14 @@ from vigil.schemas import GPUS_PER_NODE
 #: Slowdowns: the job keeps running, slower.
 FAIL_SLOW_KINDS = ("fail_slow", "straggler", "throttle", "clock_below_peers", "congestion")
 #: Signs of trouble that interrupt nothing.
-WARNING_KINDS = ("ecc_sbe", "nvlink_errors", "transport_errors")
+WARNING_KINDS = ("ecc_sbe", "nvlink_errors", "transport_errors", "temperature_outlier")
 #: What vigil says about itself.
 VIGIL_KINDS = ("recovery_failed", "actuator_circuit_open")
 
 #: kind -> failure domain (Meta's attribution: user code, system software, hardware, network).
 DOMAIN_OF_KIND: dict[str, str] = {
     **{k: "hardware" for k in ("node_lost", "ecc_dbe", "ecc_sbe", "nvlink_errors", "throttle",
-                               "clock_below_peers", "straggler")},
+                               "clock_below_peers", "straggler", "temperature_outlier")},
     **{k: "network" for k in ("congestion", "link_flap", "transport_errors", "nccl_timeout", "connection_reset",
                               "connection_refused", "network_error")},
     **{k: "user_code" for k in ("software_error", "illegal_memory_access")},
@@ -198,6 +211,29 @@ ROLLUPS: tuple[Rollup, ...] = (
 FROM (SELECT *, toString(kind) AS alert_kind FROM {{db}}.alerts) GROUP BY incident_id"""),),
     ),
     Rollup(
+        "incident_slowdowns",
+        """(
+    incident_id UUID,
+    job String,
+    rel_change SimpleAggregateFunction(max, Nullable(Float64)),
+    slowdown_class SimpleAggregateFunction(max, String)
+) ENGINE = AggregatingMergeTree ORDER BY (incident_id, job)""",
+        # Every version's slowdowns (JSON objects; rows stored before they were JSON hold other
+        # strings, which name no job) and fail_slow evidence (present in every version since the
+        # first): an incident rooted at a throttled GPU still names the job it slowed and by how much.
+        (("incident_slowdowns_mv", "alerts", """SELECT incident_id, s.1 AS job, max(s.2) AS rel_change,
+    max(s.3) AS slowdown_class
+FROM {db}.alerts
+ARRAY JOIN arrayConcat(
+    arrayMap(x -> (JSONExtractString(x, 'job'), JSONExtract(x, 'rel_change', 'Nullable(Float64)'),
+                   JSONExtractString(x, 'slowdown_class')), JSONExtractArrayRaw(slowdowns)),
+    arrayMap(x -> (JSONExtractString(x, 'subject', 'job'), JSONExtract(x, 'rel_change', 'Nullable(Float64)'),
+                   JSONExtractString(x, 'slowdown_class')),
+             arrayFilter(x -> JSONExtractString(x, 'kind') = 'fail_slow', JSONExtractArrayRaw(evidence)))) AS s
+WHERE s.1 != ''
+GROUP BY incident_id, job"""),),
+    ),
+    Rollup(
         "job_steps",
         f"""(
     job String,
@@ -279,7 +315,7 @@ GROUP BY domain, kind, severity, xid_code ORDER BY incidents DESC, domain, kind,
 _JOB_RUNS = f"""
 SELECT job, cluster,
     least(ifNull(fr, fs), ifNull(fs, fr)) AS start,
-    if(st IN ('completed', 'failed', 'cancelled'), lt, greatest(ifNull(le, lt), ifNull(lt, le))) AS end,
+    multiIf(st IN ('completed', 'failed', 'cancelled'), lt, lt IS NOT NULL, greatest(now64(6, 'UTC'), lt), le) AS end,
     st AS state, g AS gpus, ns AS nodes,
     greatest(toUInt64(length(ns)), toUInt64(ceil(g / {GPUS_PER_NODE}))) AS node_count
 FROM (
@@ -424,15 +460,21 @@ GROUP BY detector ORDER BY detector"""
 
 _FAILSLOW = f"""
 WITH {_W}, least(w1, now64(6, 'UTC')) AS w_end
-SELECT job, count() AS incidents,
-    sum(greatest(0., {_secs('least(ifNull(resolved_time, w_end), w1)')} - {_secs('greatest(onset_time, w0)')})) AS slowed_s,
-    sum(greatest(0., {_secs('least(ifNull(resolved_time, w_end), w1)')} - {_secs('greatest(onset_time, w0)')})
-        * rel_change / (1 + rel_change)) AS lost_s,
-    max(rel_change) AS worst_rel_change
-FROM {{db}}.incidents
-WHERE kind IN ({_list(FAIL_SLOW_KINDS)}) AND rel_change > 0 AND job IS NOT NULL
-  AND onset_time < w1 AND ifNull(resolved_time, w_end) > w0
-GROUP BY job ORDER BY lost_s DESC, job"""
+SELECT job, count() AS incidents, sum(slowed) AS slowed_s, sum(slowed * rel / (1 + rel)) AS lost_s,
+    max(rel) AS worst_rel_change
+FROM (
+    SELECT s.job AS job, s.rel AS rel,
+        greatest(0., {_secs('least(ifNull(i.resolved_time, w_end), w1, ifNull(r.end, w1))')}
+                     - {_secs('greatest(i.onset_time, w0)')}) AS slowed
+    FROM (SELECT incident_id, job, max(rel_change) AS rel FROM {{db}}.incident_slowdowns
+          GROUP BY incident_id, job HAVING rel > 0) AS s
+    INNER JOIN (SELECT incident_id, onset_time, resolved_time FROM {{db}}.incidents) AS i
+        ON i.incident_id = s.incident_id
+    LEFT JOIN (SELECT job, end FROM {{db}}.job_runs) AS r ON r.job = s.job
+    WHERE i.onset_time < w1 AND ifNull(i.resolved_time, w_end) > w0
+)
+GROUP BY job ORDER BY lost_s DESC, job
+SETTINGS join_use_nulls = 1"""
 
 _LEMON = f"""
 WITH {_W}

@@ -244,6 +244,8 @@ def _play(settings: Settings, stack: EmbeddedStack, console: Console, seed: int)
                 done = now >= start + SCENARIO_S and all(r["detected"] for r in rows) and decided
                 if done or now >= deadline:
                     break
+        for group in sim.finish(time.time()):  # the scheduler's end of each job: completed, or failed
+            publisher.publish(group)
         publisher.flush()
     finally:
         alerts_reader.close()
@@ -253,11 +255,13 @@ def _play(settings: Settings, stack: EmbeddedStack, console: Console, seed: int)
     table = f"{settings.clickhouse_database}.alerts"
     since = datetime.fromtimestamp(start - 1, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
     count_sql = f"SELECT count() FROM {table} WHERE detection_time >= '{since}'"
+    states_sql = f"SELECT count() FROM {settings.clickhouse_database}.job_states WHERE event_time >= '{since}'"
     wait_until = time.monotonic() + 20
     history_count = 0
     while time.monotonic() < wait_until:
         history_count = stack.store.query(count_sql).rows[0][0]
-        if history_count >= len(seen):
+        # every job's start and end too, so that `vigil report` afterwards knows their sizes and spans
+        if history_count >= len(seen) and stack.store.query(states_sql).rows[0][0] >= 2 * len(sim.jobs):
             break
         stack.sink.wait_until(lambda s, n=stack.sink.stats.batches: s.batches > n, 1.0)
     history_sql = (

@@ -12,6 +12,14 @@ Two days of a 16-node cluster (``lab``), from ``T0`` (2026-03-02 00:00 UTC):
   nodes) for day 2, with fail-stop incidents of every domain, a fail-slow
   incident of known size, a warning and an incident of vigil's own.
 - ``n13`` fails six times on day 2: the planted **lemon**.
+- ``dies-c`` (16 GPUs on n04, n05) starts at T0+2000 and trains from T0+2060:
+  steps 0..39 of 10 s, then GPU 3 of n05 clocks below its peers at T0+2460
+  and steps 40..63 take 12.5 s (a 25 % slowdown, 300 s: **60 s lost**), steps
+  64..93 of 10 s again; at T0+3060 it hangs and trains no more. Its
+  scheduler fails it at T0+3660. Productive 1000 s of 1660 s available:
+  **ETTR = 1000/1660**, not 1.0 although every step it ran was kept. The
+  GPU's incident is rooted at the GPU (kind ``clock_below_peers``, no job);
+  its second version adds the job's fail-slow, as the correlator does.
 
 Every node sends a heartbeat every 10 minutes for the two days. The
 incidents are listed in :data:`INCIDENTS` with what the views must say about
@@ -26,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
 from vigil.schemas import (
-    ActionResult, Alert, Decision, Heartbeat, IterationStep, JobState, Source, Subject, XidError,
+    ActionResult, Alert, Decision, Heartbeat, IterationStep, JobState, Slowdown, Source, Subject, XidError,
 )
 from vigil.schemas.envelope import Envelope
 
@@ -62,6 +70,9 @@ class Injected:
     #: decisions: (action, result state, seconds after detection of the result)
     decisions: tuple[tuple[str, str, float], ...] = ()
     updates: int = 0  # extra 'update' versions between open and resolved
+    #: a job this incident slowed down, and by how much (rel): from the first update on, its alerts carry
+    #: the job's fail_slow evidence and a slowdown, as when a GPU's incident explains a job's fail-slow
+    slowed: tuple[str, float] | None = None
 
     @property
     def incident_id(self) -> uuid.UUID:
@@ -128,6 +139,11 @@ INCIDENTS: list[Injected] = [
              resolved_after_s=60),
     Injected("b-circuit", "actuator_circuit_open", 1, "system_software", "vigil", D1 + 40000, 0.0, "actuator",
              job="big-b"),
+    # dies-c: a GPU that slows it down (rooted at the GPU), then the hang it never recovers from.
+    Injected("c-gpu-slow", "clock_below_peers", 3, "hardware", "fail_slow", 2460, 2.0, "gpu_degradation",
+             node="n05", resolved_after_s=2760 - 2462, updates=1, slowed=("dies-c", 0.25)),
+    Injected("c-hang", "task_hang", 2, "system_software", "fail_stop", 3060, 30.0, "hang", job="dies-c",
+             resolved_after_s=3660 - 3090),
 ]
 
 #: job -> (GPUs, nodes, running from, terminal state at, terminal state)
@@ -135,9 +151,12 @@ JOBS: dict[str, tuple[int, list[str], float, float, str]] = {
     "ettr-small": (8, ["n00"], 0.0, 1400.0, "completed"),
     "big-a": (64, NODES[8:], 0.0, DAY, "completed"),
     "big-b": (128, NODES, DAY, 2 * DAY, "completed"),
+    "dies-c": (16, ["n04", "n05"], 2000.0, 3660.0, "failed"),
 }
 
 ETTR_SMALL = 1000.0 / 1400.0
+ETTR_DIES = 1000.0 / 1660.0
+FAILSLOW_LOST_DIES_S = 300.0 * 0.25 / 1.25  # 24 steps of 12.5 s instead of 10 s
 ETTR_SMALL_WINDOW = (600.0, 1000.0, 0.25)  # window start, end (s after T0), ETTR in it
 FAILSLOW_LOST_S = 1800.0 * 0.5 / 1.5  # big-b: 30 min at 1.5x the iteration time
 LEMON = "n13"
@@ -162,6 +181,17 @@ def big_b_steps() -> list[tuple[int, float, float]]:
     return out
 
 
+def dies_c_steps() -> list[tuple[int, float, float]]:
+    """(step, start, duration) of dies-c: 10 s steps, 12.5 s while its GPU is slow, none after T0+3060."""
+    out, t = [], 2060.0
+    for step in range(94):
+        d = 12.5 if 40 <= step < 64 else 10.0
+        out.append((step, t, d))
+        t += d
+    assert t == 3060.0
+    return out
+
+
 def _step_event(job: str, step: int, start: float, duration: float, nodes: list[str]) -> IterationStep:
     ranks = list(range(8))
     return IterationStep(
@@ -180,12 +210,20 @@ def _alerts(inc: Injected) -> list[Alert]:
     versions = [("open", inc.detection)] + [("update", inc.detection + 1 + i) for i in range(inc.updates)]
     if inc.resolved_after_s is not None:
         versions.append(("resolved", inc.detection + inc.resolved_after_s))
+    slowed_evidence, slowdowns = [], []
+    if inc.slowed is not None:
+        job, rel = inc.slowed
+        slowed_evidence = [{"kind": "fail_slow", "subject": {"job": job}, "detector": "fail_slow", "rel_change": rel,
+                            "slowdown_class": "computation"}]
+        slowdowns = [Slowdown(job=job, before_s=10.0, after_s=10.0 * (1 + rel), rel_change=rel,
+                              slowdown_class="computation", node=inc.node, gpu=3)]
     return [
         Alert(event_id=uuid.uuid5(inc.incident_id, str(v)), event_time=at(t),
               source=Source(cluster=CLUSTER, job=inc.job, node=inc.node), incident_id=inc.incident_id,
               incident_version=v, status=status, severity=inc.severity, kind=inc.kind, subject=subject,  # type: ignore[arg-type]
               onset_time=at(inc.onset), detection_time=at(inc.detection), summary=f"{inc.name}",
-              evidence=[evidence], evidence_count=1, detector=inc.detector, detector_version="1")
+              evidence=[evidence] + (slowed_evidence if v > 1 else []), evidence_count=1 + (v > 1) * len(slowed_evidence),
+              detector=inc.detector, detector_version="1", slowdowns=slowdowns if v > 1 else [])
         for v, (status, t) in enumerate(versions, start=1)
     ]
 
@@ -203,6 +241,7 @@ def events() -> list[Envelope]:
                                 nodes=nodes, gpus=gpus))
     out += [_step_event("ettr-small", step, start, 10.0, ["n00"]) for step, start in small_job_steps()]
     out += [_step_event("big-b", step, start, d, NODES) for step, start, d in big_b_steps()]
+    out += [_step_event("dies-c", step, start, d, ["n04", "n05"]) for step, start, d in dies_c_steps()]
     for inc in INCIDENTS:
         out += _alerts(inc)
         if inc.xid is not None:

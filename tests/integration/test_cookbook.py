@@ -74,7 +74,7 @@ def test_every_recipe_answers_the_scripted_history(answers):
     assert xids == {code: (len(nodes), len(set(nodes))) for code, nodes in truth.items()}
 
     assert [(r["job"], r["slowed_min"], r["lost_min"]) for r in answers["failslow"]] == [
-        ("big-b", 30.0, round(sh.FAILSLOW_LOST_S / 60, 1))]
+        ("big-b", 30.0, round(sh.FAILSLOW_LOST_S / 60, 1)), ("dies-c", 5.0, round(sh.FAILSLOW_LOST_DIES_S / 60, 1))]
 
     still_open = [(i.severity, i.kind, i.job or i.node) for i in sh.INCIDENTS
                   if i.resolved_after_s is None and i.failure_class != "vigil"]

@@ -37,7 +37,8 @@ def test_every_dashboard_panel_query_runs_and_answers(history):
         answers[panel["title"]] = [dict(zip(r.columns, row)) for row in r.rows]
     assert answers["Lemon nodes"][0]["node"] == sh.LEMON
     assert {r["job"]: round(r["ettr"], 3) for r in answers["ETTR per job"]}["ettr-small"] == round(sh.ETTR_SMALL, 3)
-    assert answers["Fail-slow time lost (minutes)"] == [{"job": "big-b", "lost_min": sh.FAILSLOW_LOST_S / 60}]
+    assert answers["Fail-slow time lost (minutes)"] == [{"job": "big-b", "lost_min": sh.FAILSLOW_LOST_S / 60},
+                                                        {"job": "dies-c", "lost_min": sh.FAILSLOW_LOST_DIES_S / 60}]
     assert sum(r["sev1"] + r["sev2"] + r["sev3"] for r in answers["Incidents per hour by severity"]) == len(sh.INCIDENTS)
 
 

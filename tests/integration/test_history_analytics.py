@@ -64,6 +64,44 @@ def test_ettr_of_the_scripted_job_equals_the_hand_computation(populated):
     assert "big-b" not in windowed  # it starts on day 2
 
 
+def test_ettr_of_a_job_that_died_counts_the_time_it_held_its_gpus(populated):
+    """dies-c kept every step it ran, but hung at T0+3060 and held its GPUs until failed at T0+3660."""
+    dies = {r["job"]: r for r in view(populated, "ettr")}["dies-c"]
+    assert dies["state"] == "failed"
+    assert dies["available_s"] == pytest.approx(1660.0)
+    assert dies["productive_s"] == pytest.approx(1000.0)
+    assert dies["ettr"] == pytest.approx(sh.ETTR_DIES)
+
+
+def test_job_sizes_and_spans_come_from_the_published_job_states(populated):
+    runs = {r[0]: r[1:] for r in q(populated, "SELECT job, gpus, nodes, node_count, state, "
+                                               "toUnixTimestamp64Micro(start) / 1e6, toUnixTimestamp64Micro(end) / 1e6 "
+                                               "FROM DB.job_runs").rows}
+    assert set(runs) == set(sh.JOBS)
+    for job, (gpus, nodes, start, end, final) in sh.JOBS.items():
+        assert runs[job][:4] == (gpus, nodes, len(nodes), final), job
+        assert runs[job][4:] == (pytest.approx(sh.at(start).timestamp()), pytest.approx(sh.at(end).timestamp()))
+    # ETTR needs steps: big-a published none, so it has a size and a span but no ETTR.
+    assert {r["job"]: r["gpus"] for r in view(populated, "ettr")} == {j: v[0] for j, v in sh.JOBS.items()
+                                                                     if j != "big-a"}
+
+
+def test_a_job_still_running_holds_its_gpus_to_now_and_one_without_state_spans_its_steps(history):
+    """No terminal state: a job whose scheduler still says running holds its GPUs (its span runs to now,
+    so the view clips it to the window); a job that never published a state is known by its steps only."""
+    events = [sh.JobState(event_time=sh.at(5000), source=sh.Source(cluster=sh.CLUSTER, job="held"), state="running",
+                          nodes=["n01"], gpus=8)]
+    events += [sh._step_event("held", i, 5000 + 10 * i, 10.0, ["n01"]) for i in range(10)]  # to T0+5100
+    events += [sh._step_event("stateless", i, 5000 + 10 * i, 10.0, ["n02"]) for i in range(10)]
+    history.insert_events(events)
+    rows = {r["job"]: r for r in view(history, "ettr", iso(4000), iso(6000))}
+    assert rows["held"]["state"] == "running"
+    assert rows["held"]["available_s"] == pytest.approx(1000.0)  # T0+5000 to the window's end
+    assert rows["held"]["ettr"] == pytest.approx(0.1)
+    assert rows["stateless"]["available_s"] == pytest.approx(100.0) and rows["stateless"]["ettr"] == pytest.approx(1.0)
+    assert rows["stateless"]["gpus"] == 0
+
+
 def test_mttf_by_job_size_and_the_fleet_rate(populated):
     exp = sh.expected()
     failures = {r["job"]: r["failures"] for r in view(populated, "job_failures")}
@@ -72,7 +110,7 @@ def test_mttf_by_job_size_and_the_fleet_rate(populated):
     node_days = sum(len(nodes) * (end - start) / sh.DAY for _, nodes, start, end, _ in sh.JOBS.values())
     rate = sum(exp.job_failures.values()) / node_days
     rows = {r["bucket_gpus"]: r for r in view(populated, "mttf_by_size")}
-    assert set(rows) == {8, 64, 128}
+    assert set(rows) == {gpus for gpus, *_ in sh.JOBS.values()}  # 8, 16, 64, 128: sizes from the job states
     assert rows[64]["observed_mttf_h"] == pytest.approx(24.0 / exp.job_failures["big-a"])
     assert rows[128]["observed_mttf_h"] == pytest.approx(24.0 / exp.job_failures["big-b"])
     for gpus, r in rows.items():
@@ -100,9 +138,14 @@ def test_mttr_by_action_and_detection_latency_by_detector(populated):
 
 def test_fail_slow_time_lost(populated):
     rows = view(populated, "failslow_lost")
-    assert [(r["job"], r["incidents"]) for r in rows] == [("big-b", 1)]  # the straggler has no measured size
+    # big-b's own fail-slow, and dies-c's under an incident rooted at n05's GPU; the straggler has no size.
+    assert [(r["job"], r["incidents"]) for r in rows] == [("big-b", 1), ("dies-c", 1)]
     assert rows[0]["slowed_s"] == pytest.approx(1800.0)
     assert rows[0]["lost_s"] == pytest.approx(sh.FAILSLOW_LOST_S)
+    assert rows[1]["slowed_s"] == pytest.approx(300.0)
+    assert rows[1]["lost_s"] == pytest.approx(sh.FAILSLOW_LOST_DIES_S)
+    assert rows[1]["worst_rel_change"] == pytest.approx(0.25)
+    assert sum(d - 10.0 for _, _, d in sh.dies_c_steps()) == pytest.approx(sh.FAILSLOW_LOST_DIES_S)
     # The raw steps agree: 30 min of 15 s steps instead of 10 s ones.
     steps = sh.big_b_steps()
     lost_in_steps = sum(d - 10.0 for _, _, d in steps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -13,7 +14,19 @@ import pytest
 
 from tests.integration import scripted_history as sh
 
-PLOTS = ("iterations-ettr-small", "iterations-big-b", "timeline", "ettr", "lemons")
+PLOTS = ("iterations-ettr-small", "iterations-big-b", "iterations-dies-c", "timeline", "ettr", "lemons")
+TIME_PLOTS = ("iterations-ettr-small", "iterations-big-b", "iterations-dies-c", "timeline")
+
+
+def _figure(dom: str, plot: str) -> str:
+    m = re.search(rf"<figure class=[\"']plot[\"'] id=[\"']{plot}[\"'][^>]*>(.*?)</figure>", dom, re.S)
+    assert m, f"figure {plot} missing"
+    return m.group(1)
+
+
+def _tick_labels(svg: str, axis: str) -> list[str]:
+    """The text of each x (or y) tick of a matplotlib SVG (text kept as <text> elements)."""
+    return [html.unescape(m) for m in re.findall(rf'<g id="{axis}tick_\d+">.*?<text[^>]*>([^<]*)</text>', svg, re.S)]
 
 
 def _chromium() -> str | None:
@@ -55,6 +68,36 @@ def test_the_terminal_report_has_every_table(report_run):
     first_row = next(line for line in lemon_table.splitlines() if re.match(r"│ n\d\d ", line))
     assert first_row.startswith(f"│ {sh.LEMON} ")
     assert "0.714" in stdout  # ettr-small's ETTR
+    ettr_table = stdout[stdout.index("ETTR per job"):stdout.index("MTTF by job size")]
+    dies = next(line for line in ettr_table.splitlines() if "dies-c" in line)
+    assert f"{sh.ETTR_DIES:.3f}" in dies and "failed" in dies and "│ 16 " in dies  # died: not 1.0; its size
+    failslow = stdout[stdout.index("Time lost to fail-slow"):]
+    assert re.search(r"│ dies-c +│ 1 +│ 300.0 +│ 60 ", failslow), failslow[:1200]  # rooted at the GPU, still counted
+    mttf = stdout[stdout.index("MTTF by job size"):stdout.index("Expected MTTF at scale")]
+    assert {int(m) for m in re.findall(r"^│ (\d+) ", mttf, re.M)} == {g for g, *_ in sh.JOBS.values()}
+
+
+def test_time_axes_have_distinct_ticks_and_the_timeline_one_labelled_row_per_subject(report_run):
+    _, path = report_run
+    page = path.read_text()
+    for plot in TIME_PLOTS:
+        labels = _tick_labels(_figure(page, plot), "x")
+        assert len(labels) >= 3 and len(set(labels)) == len(labels), (plot, labels)
+    # ettr-small runs 23 minutes: its ticks are minutes of that hour, not one minute repeated
+    assert _tick_labels(_figure(page, "iterations-ettr-small"), "x")[:2] in (["00:00", "00:05"], ["00:05", "00:10"])
+    rows = _tick_labels(_figure(page, "timeline"), "y")
+    subjects = {i.job or i.node for i in sh.INCIDENTS}
+    assert {re.sub(r" \(\d+\)$", "", r) for r in rows} == subjects
+    # one row per subject, plus one for each incident of it that overlaps another: the most open at once
+    def most_at_once(incs):
+        ends = [(i.onset, 1) for i in incs] + [(i.detection + i.resolved_after_s, -1) for i in incs
+                                               if i.resolved_after_s is not None]
+        level = peak = 0
+        for _, d in sorted(ends, key=lambda e: (e[0], e[1])):
+            level += d
+            peak = max(peak, level)
+        return peak
+    assert len(rows) == sum(most_at_once([i for i in sh.INCIDENTS if (i.job or i.node) == s]) for s in subjects)
 
 
 def test_chromium_renders_every_plot(report_run, tmp_path):
@@ -66,9 +109,7 @@ def test_chromium_renders_every_plot(report_run, tmp_path):
     dom = subprocess.run([chromium, *flags, "--dump-dom", html.as_uri()], capture_output=True, text=True,
                          timeout=120).stdout
     for plot in PLOTS:
-        m = re.search(rf"<figure class=\"plot\" id=\"{plot}\"[^>]*>(.*?)</figure>", dom, re.S)
-        assert m, f"figure {plot} missing from the rendered DOM"
-        svg = m.group(1)
+        svg = _figure(dom, plot)
         assert "<svg" in svg and svg.count("<path") >= 5, plot
     assert re.search(r"<td>n13</td>", dom)
 

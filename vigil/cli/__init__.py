@@ -13,6 +13,7 @@ import sys
 from vigil.cli import stack, agent, actuate, bench  # noqa: F401,I001  (each registers its commands, in this order)
 from vigil.cli import scrape  # noqa: F401,E402  (vigil scrape)
 from vigil.cli import notify  # noqa: F401,E402  (vigil notify)
+from vigil.cli import sim  # noqa: F401,E402  (vigil sim)
 from vigil.cli.common import app
 
 __all__ = ["app", "main"]

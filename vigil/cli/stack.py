@@ -153,59 +153,80 @@ def _query_error(query: str, message: str) -> None:
     raise typer.Exit(1)
 
 
-@tail_app.command("alerts")
-def tail_alerts(
-    severity: Optional[int] = typer.Option(None, min=1, max=3, help="Only this severity or worse (1 is worst)."),
-    job: Optional[str] = typer.Option(None, help="Only alerts about this job."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON alert per line."),
-    from_beginning: bool = typer.Option(False, help="Replay the topic from its start first."),
-    max_alerts: Optional[int] = typer.Option(None, help="Exit after this many alerts."),
-) -> None:
-    """Follow the alert topic live (Ctrl-C to stop)."""
+_SEVERITY_HELP = "Only this severity or worse (1 is worst); a decision or action has its incidents' severity."
+_JOB_HELP = "Only records about this job (a decision's target, an action's decision, an alert's jobs)."
+
+
+def _tail(kinds: tuple[str, ...], severity: Optional[int], job: Optional[str], as_json: bool,
+          from_beginning: bool, max_records: Optional[int], lookback_s: float) -> None:
     from vigil.broker import StackError
     from vigil.stack import resolve_bootstrap, stream_config
-    from vigil.schemas import Alert, decode
-    from vigil.streams.kafka import reader
+    from vigil.tail import KINDS, Follower, format_record, open_consumer, records
 
     settings = load_settings()
+    shown_types = {KINDS[k] for k in kinds}
     try:
         config = stream_config(settings, resolve_bootstrap(settings))
-        consumer = reader(config.kafka_conf(), [config.topic("alert")], from_beginning=from_beginning)
+        # alerts and decisions are always read: they tell a decision's or action's severity and job
+        read = ("alert", "decision") + (("action_result",) if "action_result" in shown_types else ())
+        topics = {t: config.topic(t) for t in read}
+        consumer, marks = open_consumer(config.kafka_conf(), topics, from_beginning, lookback_s)
     except (StackError, Exception) as exc:
         fail(str(exc))
     terminate_on_sigterm()
+    err_console.print(f"following {', '.join(kinds)} on {config.topic_prefix}.* "
+                      f"{'from the beginning' if from_beginning else 'from now'} (Ctrl-C to stop)", highlight=False)
+    follower = Follower(severity=severity, job=job)
     shown = 0
     try:
-        while max_alerts is None or shown < max_alerts:
-            msg = consumer.poll(0.5)
-            if msg is None or msg.error():
+        for event, new in records(consumer, marks):
+            if max_records is not None and shown >= max_records:
+                break
+            known = follower.learn(event)
+            if not new or event.event_type not in shown_types or not follower.passes(known):  # type: ignore[attr-defined]
                 continue
-            for alert in decode(msg.value()).events:
-                if not isinstance(alert, Alert):
-                    continue
-                if severity is not None and alert.severity > severity:
-                    continue
-                if job is not None and alert.subject.job != job:
-                    continue
-                shown += 1
-                if as_json:
-                    print(alert.model_dump_json(), flush=True)
-                else:
-                    console.print(format_alert(alert))
+            shown += 1
+            if as_json:
+                print(event.model_dump_json(), flush=True)
+            else:
+                console.print(format_record(event, follower), highlight=False)
+            if max_records is not None and shown >= max_records:
+                break
     except KeyboardInterrupt:
         pass
     finally:
         consumer.close()
 
 
-def format_alert(alert: "object") -> str:
-    from vigil.schemas import Alert
+def _tail_command(name: str, kinds: tuple[str, ...], doc: str) -> None:
+    def command(
+        severity: Optional[int] = typer.Option(None, min=1, max=3, help=_SEVERITY_HELP),
+        job: Optional[str] = typer.Option(None, help=_JOB_HELP),
+        as_json: bool = typer.Option(False, "--json", help="One JSON event per line (its event_type says which)."),
+        from_beginning: bool = typer.Option(False, help="Replay the topics from their start first."),
+        max_records: Optional[int] = typer.Option(None, "--max", "--max-alerts", min=1,
+                                                  help="Exit after printing this many records."),
+        lookback: float = typer.Option(3600.0, help="Seconds of earlier alerts and decisions read (not printed) "
+                                                    "to filter later decisions and actions."),
+    ) -> None:
+        _tail(kinds, severity, job, as_json, from_beginning, max_records, lookback)
 
-    assert isinstance(alert, Alert)
-    colour = {1: "red", 2: "yellow", 3: "cyan"}[alert.severity]
-    subject = " ".join(f"{k}={v}" for k, v in alert.subject.model_dump(exclude_none=True).items())
-    return (f"[{colour}]sev{alert.severity}[/{colour}] {alert.status:<8} {alert.kind:<12} {subject:<24} "
-            f"onset {alert.onset_time:%H:%M:%S.%f}"[:-3] + f"  {alert.summary}")
+    command.__doc__ = doc
+    tail_app.command(name)(command)
+
+
+_tail_command("alerts", ("alerts",), "Follow the alert topic live (Ctrl-C to stop).")
+_tail_command("decisions", ("decisions",), "Follow the decision engine's decisions live (Ctrl-C to stop).")
+_tail_command("actions", ("actions",), "Follow the actuators' action results live, with the decision each "
+                                       "carries out (Ctrl-C to stop).")
+_tail_command("all", ("alerts", "decisions", "actions"), "Follow alerts, decisions and action results live, "
+                                                          "interleaved as they arrive (Ctrl-C to stop).")
+
+
+def format_alert(alert: "object") -> str:
+    from vigil.tail import Follower, format_record
+
+    return format_record(alert, Follower())  # type: ignore[arg-type]
 
 
 @schemas_app.command("export")
