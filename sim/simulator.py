@@ -19,10 +19,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vigil.schemas import (
-    GPUS_PER_NODE,
-    Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState, NicCounters,
-    ProcessExit, Source,
-    TrainingException, XidError, from_seconds,
+    GPUS_PER_NODE, Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState,
+    NicCounters, NodeState, ProcessExit, Source, TrainingException, XidError, from_seconds,
 )
 
 
@@ -328,8 +326,10 @@ class ClusterSimulator:
 
         A job still stopped by its fault (a lost node, a hang or a dead rank
         that never recovered) ends ``failed``, the others ``completed``: what
-        a scheduler records when the allocation ends. Only with
-        ``job_states``; after it, :meth:`advance` returns nothing.
+        a scheduler records when the allocation ends; then every node still
+        up leaves cleanly (its agent stops), so the end of the run is not a
+        storm of lost nodes. Only with ``job_states``; after it,
+        :meth:`advance` returns nothing.
         """
         out = self.advance(at)
         self.finished_at = max(at, self._now)
@@ -337,6 +337,11 @@ class ClusterSimulator:
             for job in self.jobs.values():
                 state = "failed" if self._job_blocked(job) else "completed"
                 out.append([self._job_state(job, state, self.finished_at)])
+            for node in self.nodes:
+                if node not in self._lost_nodes:
+                    out.append([NodeState(event_time=from_seconds(self.finished_at),
+                                          source=Source(cluster=self.cluster, node=node), state="leaving",
+                                          reason="the simulated cluster stopped")])
         return out
 
     def _job_state(self, job: SimJob, state: str, at: float) -> JobState:
