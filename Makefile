@@ -17,7 +17,7 @@ $(BIN)/python:
 # an unpinned torch resolves to the newest release and its gigabytes of CUDA wheels.
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[dev,torch]"
+	$(BIN)/python -m pip install --quiet -e ".[server,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -86,12 +86,12 @@ class DetectStage:
                             f"{self.engine.params.max_future_s:.0f} s ahead of the worker's clock (check the node's clock)",
                         place.topic, place.partition, place.offset, raw=value if len(events) == 1 else None))
         try:
-            out.findings = self.engine.on_events(events, now)
+            out.findings = self.engine.on_events(events, now, replay=replay)
         except DetectorError:
             # One event a detector cannot use: find it, keep it, go on with the rest.
             for ev in events:
                 try:
-                    out.findings += self.engine.on_events([ev], now)
+                    out.findings += self.engine.on_events([ev], now, replay=replay)
                 except DetectorError as exc:
                     if not replay:
                         out.dead_letters.append(refused_event(ev, f"detector refused it: {exc}", place.topic,

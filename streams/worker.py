@@ -96,8 +96,10 @@ class BroadcastReader:
 
     def __init__(self, config: StreamConfig, started_at: float) -> None:
         self.started_at = started_at
+        # earliest: a log that restarted empty (an in-memory dev broker) is read from its start again
         self._consumer = Consumer({**config.kafka_conf(), "group.id": f"{config.group_id}-broadcast",
                                    "enable.auto.commit": False, "enable.partition.eof": True,
+                                   "auto.offset.reset": "earliest",
                                    "fetch.wait.max.ms": config.fetch_max_wait_ms, "log_level": 3})
         names = [config.topic(t) for t in FEEDBACK]
         meta = self._consumer.list_topics(timeout=30)

@@ -128,6 +128,7 @@ class DetectionEngine:
         self.nodes: dict[str, _Key] = {}
         #: (per, name) -> when it ended or left: what its source stamped before is past
         self._ended: dict[tuple[str, str], float] = {}
+        self._replaying = False
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
         self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
         self._seen_ids: OrderedDict[uuid.UUID, None] = OrderedDict()
@@ -161,11 +162,14 @@ class DetectionEngine:
         self._feed_back_at = max(self._feed_back_at, now)
         self._last_heard = max(self._last_heard, now)
 
-    def on_events(self, events: Iterable[Envelope], now: float) -> list[DetectorFinding]:
+    def on_events(self, events: Iterable[Envelope], now: float, replay: bool = False) -> list[DetectorFinding]:
         """Feed one message's events; return the findings they raise or clear.
 
         Duplicated event ids and events from the future are skipped here.
+        ``replay``: read again from the log to rebuild state (a takeover): how
+        late they arrive now says nothing about the delivery delay.
         """
+        self._replaying = replay
         events = events if isinstance(events, list) else list(events)
         if events:
             self.heard(now)
@@ -245,7 +249,7 @@ class DetectionEngine:
         """Feed derived inputs (progress, rank timings) to the key's consumers of them, in order."""
         out: list[DetectorFinding] = []
         for item in items:
-            if isinstance(item, Progress):
+            if isinstance(item, Progress) and not self._replaying:
                 item = dataclasses.replace(item, arrived=now)
             kind = PROGRESS if isinstance(item, Progress) else RANK_TIMINGS
             for cls in self._routes.get((key.per, kind), ()):

@@ -263,6 +263,59 @@ def repair_fails_health_check(scene: Scene, rec: Recorder, v: Verdict) -> None:
     v.require("reported", any(a.kind == "health_check_failed" and a.severity == 3 for _, a in rec.alerts))
 
 
+def broker_down_20s(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    from vigil.streams.kafka import ensure_topics
+
+    job = AgentProcess(scene, "b0", "steady", _spec())
+    daemons = [AgentProcess(scene, f"b{i}", None) for i in (1, 2)]
+    v.expected.update(node_lost=False, steps_lost=0)
+    wait_until(lambda: job.step() >= 15 and all(rec.node_states(d.node) for d in daemons), 90, rec.poll)
+    first_pages = list(rec.pages())
+    rec.close()
+    stopped_at_step = job.step()
+    scene.broker.stop()  # type: ignore[attr-defined]
+    time.sleep(20.0)  # the outage itself: 20 s with no broker
+    scene.broker.start()  # type: ignore[attr-defined]  # same address, an empty log (tansu keeps it in memory)
+    ensure_topics({"bootstrap.servers": scene.bootstrap}, scene.prefix)
+    back_at_step = job.step()
+    after = Recorder(scene)
+    wait_until(lambda: False, 20.0, after.poll)  # what the worker says once it hears again
+    steps = _steps_seen(scene, "steady")
+    missing = [(r, s) for r in (0, 1) for s in range(stopped_at_step + 1, back_at_step + 1) if (r, s) not in steps]
+    pages = first_pages + after.pages()
+    v.observed["steps_in_outage"] = [stopped_at_step + 1, back_at_step]
+    v.require("no_node_lost", not [a for a in pages if a.kind in ("node_lost", "nodes_silent", "task_hang")],
+              [f"{a.kind} {a.subject.model_dump(exclude_none=True)}" for a in pages])
+    v.require("nothing_lost", back_at_step > stopped_at_step and not missing, missing[:20])
+    job.signal(signal.SIGTERM)
+    wait_until(lambda: job.proc.poll() is not None, 60, after.poll)
+    rec.events, rec._consumer = after.events, after._consumer  # judged on what came after too
+
+
+broker_down_20s.own_broker = True  # type: ignore[attr-defined]
+
+
+def _steps_seen(scene: Scene, job: str) -> set[tuple[int, int]]:
+    """(rank, step) of every iteration record of ``job`` on the broker's log."""
+    from vigil.schemas import IterationTiming, decode
+    from vigil.streams.kafka import reader
+
+    consumer = reader({"bootstrap.servers": scene.bootstrap}, [topic_name("iteration", scene.prefix)])
+    seen: set[tuple[int, int]] = set()
+    try:
+        idle = 0
+        while idle < 10:
+            msgs = consumer.consume(1000, timeout=0.2)
+            idle = 0 if msgs else idle + 1
+            for m in msgs:
+                if m.error() is None and m.value() is not None:
+                    seen |= {(e.source.rank, e.step) for e in decode(m.value()).events
+                             if isinstance(e, IterationTiming) and e.source.job == job}
+    finally:
+        consumer.close()
+    return seen
+
+
 SCENARIOS: dict[str, Callable[[Scene, Recorder, Verdict], None]] = {
     "normal_completion": normal_completion,
     "job_cancelled": job_cancelled,
@@ -274,6 +327,7 @@ SCENARIOS: dict[str, Callable[[Scene, Recorder, Verdict], None]] = {
     "agent_killed": agent_killed,
     "agent_stopped_cleanly": agent_stopped_cleanly,
     "eight_silent": eight_silent,
+    "broker_down_20s": broker_down_20s,
     "repair_fails_health_check": repair_fails_health_check,
 }
 #: The subset the integration tests run on every `make test`.
@@ -284,8 +338,15 @@ def run_scenario(name: str, bootstrap: str, root: Path) -> dict[str, Any]:
     """One scenario on the broker at ``bootstrap``: its own prefix, worker and processes."""
     from vigil.streams.kafka import ensure_topics
 
+    from vigil.broker import TansuBroker, find_tansu
+
+    (root / name).mkdir(parents=True, exist_ok=True)
+    own = None
+    if getattr(SCENARIOS[name], "own_broker", False):  # it stops its broker: one of its own
+        own = TansuBroker(find_tansu(None), log_path=root / name / "tansu.log").start()
+        bootstrap = own.bootstrap
     scene = Scene(root / name, bootstrap)
-    scene.root.mkdir(parents=True, exist_ok=True)
+    scene.broker = own  # type: ignore[attr-defined]
     started = time.monotonic()
     verdict = Verdict()
     rec = None
@@ -305,6 +366,8 @@ def run_scenario(name: str, bootstrap: str, root: Path) -> dict[str, Any]:
         if rec is not None:
             rec.close()
         scene.close()
+        if own is not None:
+            own.stop()
     out["wall_s"] = round(time.monotonic() - started, 1)
     return out
 

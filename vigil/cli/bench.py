@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from vigil.cli.common import bench_app, console, err_console, fail, print_table
+from vigil.cli.common import bench_app, console, err_console, fail, print_table, require_server
 
 @bench_app.command("detectors")
 def bench_detectors(
@@ -24,6 +24,7 @@ def bench_detectors(
     straggler localizer's accuracy and the ACF iteration-period error.
     Writes JSON and prints a table.
     """
+    require_server("bench detectors")
     from vigil.bench.detectors import run
 
     with console.status("generating traces...") as status:
@@ -56,6 +57,7 @@ def bench_pipeline(
     Runs on its own embedded broker; takes a few minutes. Writes JSON and
     prints a table.
     """
+    require_server("bench pipeline")
     from vigil.bench.pipeline import run
 
     with console.status("starting...") as status:
@@ -100,6 +102,7 @@ def bench_planners(
     placement_spread_vs_best_baseline and a detail section (sweeps, per-seed
     quality, machine), and prints a table.
     """
+    require_server("bench planners")
     from vigil.bench.planners import format_table, run
 
     with console.status("benchmarking the planners...") as status:
@@ -125,6 +128,7 @@ def bench_history(
     it takes several minutes and a few GB of disk. Writes JSON
     {"insert_rows_per_s", "queries": {NAME: seconds}, ...} and prints a table.
     """
+    require_server("bench history")
     from vigil.bench.history import format_table, run
 
     with console.status("starting...") as status:
@@ -171,6 +175,7 @@ def bench_policies(
     a PNG plot of WAF over time next to it, and prints a table. Deterministic
     for a seed.
     """
+    require_server("bench policies")
     from vigil.bench.policies import format_table, run
 
     if trace not in ("trace-a", "trace-b"):
@@ -227,6 +232,7 @@ def bench_hooks(
     VIGIL_KAFKA_BOOTSTRAP is set. Writes JSON {overhead_pct, acf_rel_error,
     agent_cpu_pct, detail} and prints a table.
     """
+    require_server("bench hooks")
     from rich.console import Console
     from rich.table import Table
 
@@ -273,6 +279,7 @@ def bench_scenarios(
     table. Targets: every scenario passes, 0 false pages, 0 missed, under 10
     minutes on 2 cores.
     """
+    require_server("bench scenarios")
     from vigil.bench.scenarios import SCENARIOS, run
 
     unknown = sorted(set(only or []) - set(SCENARIOS))

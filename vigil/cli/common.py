@@ -75,3 +75,13 @@ def terminate_on_sigterm() -> None:
     signal.signal(signal.SIGHUP, handler)
 
 
+def require_server(command: str) -> None:
+    """Exit 2 with what to install when ``command`` needs the server extra and this install is the light one."""
+    import importlib.util
+
+    missing = [m for m in ("numpy", "scipy", "river", "clickhouse_connect") if importlib.util.find_spec(m) is None]
+    if missing:
+        err_console.print(f"[red]error:[/red] `vigil {command}` runs on the stack's side and needs "
+                          f"{', '.join(missing)}: pip install 'vigil[server]' (this install has what "
+                          "training processes and node agents need)")
+        raise typer.Exit(2)

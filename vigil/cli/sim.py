@@ -5,11 +5,10 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Optional
 
 import typer
 
-from vigil.cli.common import app, console, fail, load_settings, terminate_on_sigterm
+from vigil.cli.common import app, console, fail, load_settings, terminate_on_sigterm, require_server
 
 
 @app.command()
@@ -36,6 +35,7 @@ def sim(
     are cluster time; at --speed 10 a 60 s run plays in 6 s, every
     duration in the cluster 10 times shorter.
     """
+    require_server("sim")
     from vigil.broker import StackError
     from vigil.producers.publisher import Publisher
     from vigil.sim.feed import Feed, FeedError, build_cluster, parse_duration, parse_fault

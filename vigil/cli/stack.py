@@ -11,8 +11,9 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from vigil.cli.common import app, console, err_console, fail, load_settings, schemas_app, tail_app, \
-    terminate_on_sigterm
+from vigil.cli.common import app, console, err_console, fail, load_settings, require_server, schemas_app, \
+    tail_app, terminate_on_sigterm
+
 
 @app.command()
 def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (default: a free one).")) -> None:
@@ -25,6 +26,7 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
     from vigil.broker import StackError
     from vigil.stack import EmbeddedStack
 
+    require_server("up")
     settings = load_settings()
     terminate_on_sigterm()
     stack = EmbeddedStack(settings, port=port)
@@ -69,6 +71,7 @@ def worker(
     from vigil.stack import resolve_bootstrap, stream_config
     from vigil.streams.worker import run_worker
 
+    require_server("worker")
     settings = load_settings()
     try:
         bootstrap = resolve_bootstrap(settings)
@@ -91,6 +94,7 @@ def demo(
     """
     from vigil.demo import run_demo
 
+    require_server("demo")
     settings = load_settings()
     terminate_on_sigterm()
     code = run_demo(settings, console, json_path=json_path, n_workers=workers, seed=seed)
@@ -112,6 +116,7 @@ def sql(
     from vigil.streams.history import HistoryError
     from vigil.stack import open_history
 
+    require_server("sql")
     settings = load_settings()
     try:
         history = open_history(settings)
@@ -250,6 +255,7 @@ def migrate() -> None:
     """
     from vigil.streams.history import HistoryError, HistoryStore
 
+    require_server("migrate")
     settings = load_settings()
     try:
         store = HistoryStore(settings.resolved_clickhouse_dsn, settings.clickhouse_database)
@@ -293,6 +299,7 @@ def replay(
     from vigil.streams.history import HistoryError, HistoryStore
     from vigil.streams.replay import replay as run_replay
 
+    require_server("replay")
     settings = load_settings()
     t0, t1 = _parse_time(since, "--from"), _parse_time(until, "--to")
     try:
@@ -332,6 +339,7 @@ def report(
     from vigil.report import collect, parse_when, print_report, render_html
     from vigil.stack import open_history
 
+    require_server("report")
     settings = load_settings()
     now = datetime.now(timezone.utc)
     try:
