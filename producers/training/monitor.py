@@ -565,16 +565,17 @@ class TrainingMonitor:
         """Mark a block in which the rank waits for a peer (a pipeline bubble, a Megatron ``recv_forward``...).
 
         Its time is ``wait``, never compute or communication. Collectives and
-        point-to-point calls inside are not counted again.
+        point-to-point calls inside are recorded (``collective`` events) but
+        their time is the block's, not counted again.
         """
         cuda = self._cuda
         rec = [WAIT | BLOCKED, self._events.record() if cuda else self._clock(), None, kind]
         tls = self._tls
-        tls.depth = getattr(tls, "depth", 0) + 1
+        tls.marked = getattr(tls, "marked", 0) + 1
         try:
             yield
         finally:
-            tls.depth -= 1
+            tls.marked -= 1
             rec[2] = self._events.record() if cuda else self._clock()
             self._iv.append(rec)
 
@@ -731,7 +732,7 @@ class TrainingMonitor:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if getattr(tls, "depth", 0):
-                return fn(*args, **kwargs)  # inside a block timed as a whole
+                return fn(*args, **kwargs)  # inside a call timed as a whole (a DDP hook, a batch of P2P ops)
             clock = mon._clock
             cuda = mon._cuda
             t0 = clock()
@@ -747,6 +748,9 @@ class TrainingMonitor:
             rec = ["cc", op, gname, _nbytes(args[0]) if args and name != "barrier" else 0, t0, t1]
             is_async = always_async or bool(kwargs.get("async_op")) or (
                 async_pos is not None and len(args) > async_pos and bool(args[async_pos]))
+            if getattr(tls, "marked", 0):  # inside pipeline_wait(): the call is recorded, its time is the block's
+                mon._append(rec)
+                return result
             if not is_async or result is None:
                 s1 = mon._events.record() if cuda else t1
                 if p2p:
@@ -814,7 +818,7 @@ class TrainingMonitor:
                 op = "send" if getattr(p, "op", None) is originals.get("isend") or getattr(getattr(p, "op", None), "__name__", "") == "isend" else "recv"
                 rec = ["cc", op, mon._group_name(getattr(p, "group", None)), _nbytes(getattr(p, "tensor", None)), t0, t1]
                 mon._append(rec)
-                out.append(_TimedWork(w, mon, rec, None, True))
+                out.append(w if getattr(tls, "marked", 0) else _TimedWork(w, mon, rec, None, True))
             return out if works is not None else works
 
         return wrapper
@@ -849,7 +853,7 @@ class TrainingMonitor:
         tls = self._tls
         batch: list[list[Any]] = []
 
-        def timed_hook(st: Any, bucket: Any) -> Any:
+        def timed_hook(st, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations: none here
             cuda = mon._cuda
             t0 = mon._clock()
             s0 = mon._events.record() if cuda else t0
