@@ -238,36 +238,41 @@ def analyze_dumps(dumps: Sequence[Mapping[str, Any]], *, now: float) -> Attribut
 
     # Follow culprits into the other groups they wait in; roots wait nowhere else.
     roots: dict[str, set[int]] = {}
-    chains: dict[str, list[str]] = {}
     for res in results:
-        stack = [(res.group, c, [res.group]) for c in res.culprits]
+        stack = [(res.group, c) for c in res.culprits]
         seen: set[tuple[str, int]] = set()
         while stack:
-            gname, c, path = stack.pop()
+            gname, c = stack.pop()
             if (gname, c) in seen:
                 continue
             seen.add((gname, c))
             elsewhere = [h for h in waiting_in.get(c, []) if h != gname]
             if not elsewhere:
                 roots.setdefault(gname, set()).add(c)
-                if len(path) > len(chains.get(gname, [])):
-                    chains[gname] = path
-                continue
             for h in elsewhere:
-                stack.extend((h, c2, path + [h]) for c2 in by_group[h].culprits)
+                stack.extend((h, c2) for c2 in by_group[h].culprits)
     cycle = not roots
     if cycle:  # every culprit waits in another group: a cross-group ordering deadlock
         first = min(results, key=lambda x: (x.onset_ns or 0, x.group))
         roots = {first.group: set(first.culprits)}
-        chains = {first.group: [first.group]}
-    root_group = min(roots, key=lambda gname: (_PRIORITY[by_group[gname].verdict], by_group[gname].onset_ns or 0, gname))
+
+    def covers(root: str, g: _Result) -> bool:
+        """Root group ``root`` explains stuck group ``g``: each culprit of g is a root culprit or waits in ``root``."""
+        return all(c in roots[root] or root in waiting_in.get(c, []) for c in g.culprits)
+
+    covered = {h: [g.group for g in results if g.group != h and covers(h, g)] for h in roots}
+    # Among equals, the group other groups' culprits are stuck in is the deeper cause.
+    via_wait = {h: sum(1 for g in results if g.group != h for c in g.culprits if h in waiting_in.get(c, []))
+                for h in roots}
+    root_group = min(roots, key=lambda h: (-len(covered[h]), -via_wait[h], _PRIORITY[by_group[h].verdict],
+                                           by_group[h].onset_ns or 0, h))
     res = by_group[root_group]
     culprits = tuple(sorted(roots[root_group]))
     onset = res.onset_ns / 1e9 if res.onset_ns else None
     stuck_s = (now - res.stuck_since_ns / 1e9) if res.stuck_since_ns else (now - onset if onset else None)
     chain = tuple({"group": by_group[h].group, "group_desc": by_group[h].desc, "seq": by_group[h].seq,
                    "op": by_group[h].op, "verdict": by_group[h].verdict, "culprit_ranks": by_group[h].culprits}
-                  for h in chains.get(root_group, [root_group]))
+                  for h in covered[root_group] + [root_group])
     pending_p2p = {str(r): sum(1 for e in by_rank[r].get("entries") or []
                                if e.get("is_p2p") and e.get("state") != "completed" and e.get("retired") is not True)
                    for r in sorted(available)}
