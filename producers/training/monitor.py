@@ -65,10 +65,13 @@ Traffic seen
 * DDP: its C++ reducer does not call them; :meth:`TrainingMonitor.register_ddp_comm_hook`
   installs a communication hook that times every gradient bucket (it wraps
   the default all-reduce, or the hook you pass);
-* Megatron-style pipelines: wrap the calls that block on the previous/next
-  stage (``recv_forward``, ``send_backward_recv_forward``... or your
-  schedule's wait points) in ``with mon.pipeline_wait():``; P2P issued through
-  ``torch.distributed`` is timed as wait without marking.
+* Megatron-style pipelines: point-to-point calls issued through
+  ``torch.distributed`` (send/recv, isend/irecv, ``batch_isend_irecv``) are
+  timed as *wait* (kind ``pp``) with no marking; wrap the schedule's
+  bubbles (the warm-up receives before a stage's first forward, the
+  cool-down ones after its last, or any wait your schedule knows is a
+  bubble) in ``with mon.pipeline_wait():`` (kind ``bubble``), and any wait the
+  wrappers cannot see (a framework's own P2P path) likewise.
 
 Process group names: ``world`` for the default group; a group registered with
 :meth:`TrainingMonitor.name_group` (e.g. ``"tp:1"``) has that name; any other
@@ -561,10 +564,15 @@ class TrainingMonitor:
             self._iv.append(rec)
 
     @contextmanager
-    def pipeline_wait(self, kind: str = P2P_KIND) -> Iterator[None]:
-        """Mark a block in which the rank waits for a peer (a pipeline bubble, a Megatron ``recv_forward``...).
+    def pipeline_wait(self, kind: str = "bubble") -> Iterator[None]:
+        """Mark a block in which the rank waits for a peer: a pipeline bubble (the schedule's warm-up and
+        cool-down waits, a Megatron ``recv_forward`` before the first micro-batch...).
 
-        Its time is ``wait``, never compute or communication. Collectives and
+        Its time is ``wait``, never compute or communication, reported under
+        group kind ``kind`` (``bubble``: apart from the ``pp`` time of the
+        point-to-point calls the wrappers time themselves, which is what a
+        slow pipeline link lengthens; mark the schedule's bubbles, not every
+        send/recv). Collectives and
         point-to-point calls inside are recorded (``collective`` events) but
         their time is the block's, not counted again.
         """
