@@ -87,6 +87,7 @@ and data-dependent stragglers; Hampel (1974), the MAD.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -147,9 +148,11 @@ def _validate(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise DetectorError(f"record field {k!r} must be a non-negative int, got {v!r}")
         for k in ("compute", "comm", "wait"):
-            if k == "wait" and r.get(k) is None:
-                continue  # optional
             v = r.get(k)
+            if k == "wait" and v is None:
+                continue  # optional
+            if type(v) is float and 0.0 <= v < math.inf:
+                continue  # the common case, checked fast
             if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v) or v < 0:
                 raise DetectorError(f"rank {r.get('rank')}: {k!r} must be a finite non-negative number of seconds, got {v!r}")
         ts = r.get("tp_size")
@@ -449,10 +452,14 @@ def _window_spread(iterations: Sequence[Sequence[Mapping[str, Any]]], tp_size: i
     return float(np.sqrt((e ** 2).sum() / dof)), float(np.median(stretch))
 
 
-def _median_records(iterations: Sequence[Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+def _median_records(iterations: Sequence[Sequence[Mapping[str, Any]]], validated: bool = False) -> list[dict[str, Any]]:
+    its = [list(it) if validated else _validate(it) for it in iterations]
+    ranks = [r["rank"] for r in its[0]]
+    if all(len(it) == len(ranks) and [r["rank"] for r in it] == ranks for it in its):
+        return _median_records_aligned(its)
     by_rank: dict[int, list[Mapping[str, Any]]] = {}
-    for it in iterations:
-        for r in _validate(it):
+    for it in its:
+        for r in it:
             by_rank.setdefault(int(r["rank"]), []).append(r)
     out = []
     for rk, rs in sorted(by_rank.items()):
@@ -468,6 +475,34 @@ def _median_records(iterations: Sequence[Sequence[Mapping[str, Any]]]) -> list[d
             rec["ops"] = {k: float(np.median([r["ops"][k] for r in rs])) for k in sorted(kinds)}
         out.append(rec)
     return out
+
+
+def _median_records_aligned(its: list[list[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """:func:`_median_records` when every iteration holds the same ranks in the same order (vectorised)."""
+    last = its[-1]
+    comp = np.median(np.array([[r["compute"] for r in it] for it in its], dtype=float), axis=0)
+    comm = np.median(np.array([[r["comm"] for r in it] for it in its], dtype=float), axis=0)
+    has_wait = [any(it[i].get("wait") is not None for it in its) for i in range(len(last))]
+    wait = np.median(np.array([[float(r.get("wait") or 0.0) for r in it] for it in its]), axis=0) if any(has_wait) else None
+    all_ops = all(isinstance(r.get("ops"), Mapping) for it in its for r in it)
+    ops_med: dict[str, np.ndarray] = {}
+    if all_ops:
+        common = set.intersection(*(set(r["ops"]) for it in its for r in it))
+        for k in sorted(common):
+            ops_med[k] = np.median(np.array([[r["ops"][k] for r in it] for it in its], dtype=float), axis=0)
+    out = []
+    for i, r in enumerate(last):
+        rec: dict[str, Any] = {k: int(r[k]) for k in ("rank", "dp", "pp", "tp")}
+        rec["compute"] = float(comp[i])
+        rec["comm"] = float(comm[i])
+        if wait is not None and has_wait[i]:
+            rec["wait"] = float(wait[i])
+        if r.get("tp_size") is not None:
+            rec["tp_size"] = int(r["tp_size"])
+        if all_ops:
+            rec["ops"] = {k: float(v[i]) for k, v in ops_med.items()}
+        out.append(rec)
+    return sorted(out, key=lambda x: x["rank"])
 
 
 def localize_window(iterations: Sequence[Sequence[Mapping[str, Any]]], **params: Any) -> Localization:
@@ -488,7 +523,8 @@ def localize_window(iterations: Sequence[Sequence[Mapping[str, Any]]], **params:
     """
     if not isinstance(iterations, Sequence) or len(iterations) == 0:
         raise DetectorError("iterations must be a non-empty sequence of per-rank record lists")
-    per_it = [_group_transfers(_validate(it)) for it in iterations]
+    iterations = [_validate(it) for it in iterations]
+    per_it = [_group_transfers(it) for it in iterations]
     spread = _window_spread(iterations, params.get("tp_size"))
     if spread is not None:
         params = dict(params, _spread=spread)
@@ -512,7 +548,8 @@ def localize_window(iterations: Sequence[Sequence[Mapping[str, Any]]], **params:
             seen[k] = seen.get(k, 0) + 1
             slow_count[k] = slow_count.get(k, 0) + int(e >= worker_rel / 2)
     persistence = {k: slow_count[k] / seen[k] for k in seen} if len(iterations) >= 4 else None
-    return localize(_median_records(iterations), _transfers=transfers, _series=series, _persistence=persistence, **params)
+    return localize(_median_records(iterations, validated=True), _transfers=transfers, _series=series,
+                    _persistence=persistence, **params)
 
 
 def falcon_rule(times: Sequence[float] | np.ndarray, factor: float = 1.1) -> np.ndarray:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from vigil.cli import stack, agent, actuate, bench  # noqa: F401,I001  (each registers its commands, in this order)
+from vigil.cli import analyze  # noqa: F401,E402  (vigil analyze: profiler traces, offline)
 from vigil.cli.common import app
 
 __all__ = ["app", "main"]
