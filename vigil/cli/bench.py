@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.table import Table
@@ -202,7 +203,9 @@ def bench_hooks(
     steps: int = typer.Option(1600, min=100, help="Short-step training steps of the A/B (hooks alternate on/off)."),
     block: int = typer.Option(20, min=5, help="Steps per on/off block."),
     acf_steps: int = typer.Option(400, min=50, help="Further steps with hooks on, for the ACF iteration-time check."),
-    world: int = typer.Option(4, min=2, help="Ranks (processes), an even number (dp x tp=2 grid)."),
+    world: Optional[int] = typer.Option(None, min=2, help="Ranks (processes), an even number (dp x tp=2 grid); "
+                                                          "default one per usable core (2 to 4)."),
+    pin: bool = typer.Option(True, help="Pin each rank to its own core (when there are enough cores)."),
     real_steps: int = typer.Option(300, min=20, help="Steps of the A/B on a realistic (~170 ms) step."),
     real_block: int = typer.Option(6, min=2, help="Steps per on/off block of the realistic step."),
     real_hidden: int = typer.Option(512, min=8, help="Hidden size of the realistic step's model."),
@@ -231,18 +234,24 @@ def bench_hooks(
 
     from vigil.bench.hooks import run
 
-    if world % 2:
+    import sys
+
+    if world is not None and world % 2:
         raise typer.BadParameter("--world must be even")
     console = Console()
     with console.status("benchmarking the hooks...") as status:
         result = run(str(json_path), steps=steps, block=block, acf_steps=acf_steps, world=world,
                      real_steps=real_steps, real_block=real_block, real_hidden=real_hidden, real_batch=real_batch,
-                     seed=seed, agent_seconds=agent_seconds,
+                     seed=seed, agent_seconds=agent_seconds, pin=pin,
                      bootstrap=os.environ.get("VIGIL_KAFKA_BOOTSTRAP") or None,
-                     progress=lambda what: status.update(what))
+                     progress=lambda what: status.update(what), command="vigil " + " ".join(sys.argv[1:]))
     d = result["detail"]
+    head = d["overhead"]
     table = Table("measure", "value", "target")
-    table.add_row(f"hook overhead ({d.get('overhead_source', '?')})", f"{result['overhead_pct']:.2f} %", "<= 1 %")
+    lo, hi = result["overhead_ci95"]
+    table.add_row(f"hook overhead ({head['run']} step, CPU path; / {head['denominator_ms']:.1f} ms step of one rank)",
+                  f"{result['overhead_pct']:.2f} % (95 % CI {lo:.2f}..{hi:.2f})",
+                  "<= 1 %: " + ("met" if result["overhead_target_met"] else "NOT met"))
     table.add_row("  isolated hot-path cost per step", f"{d['hook_cost_us_per_step']:.1f} us of {d['step_ms_off_median']:.2f} ms", "")
     table.add_row("  A/B end to end (noise)", f"{d['ab_overhead_pct']:+.2f} % (pairs sd {d['ab_pair_spread_pct']:.1f} %)", "")
     acf = result["acf_rel_error"]
