@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 __all__ = ["BUFFER_ENV", "DUMP_FILE_ENV", "raw_dump", "read_dump_file", "dump_file_prefix", "normalize",
-           "unavailable", "collect_dump", "fit_payload", "process_groups", "payload_from_file"]
+           "unavailable", "collect_dump", "fit_payload", "process_groups", "payload_from_file", "dump_event"]
 
 #: Environment variables that size the recorder's buffer (newest name first).
 BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -295,3 +295,19 @@ def payload_from_file(path: str | os.PathLike, *, groups: dict[str, dict[str, An
     """The payload of a dump file torch wrote on a timeout (``trigger="timeout_file"``)."""
     return normalize(read_dump_file(path), trigger="timeout_file", groups=groups,
                      max_entries_per_group=max_entries_per_group)
+
+
+def dump_event(payload: dict[str, Any], *, t: float, source: dict[str, Any]) -> Any:
+    """The :class:`~vigil.schemas.events.FlightRecorderDump` of a payload, for a publisher (e.g. the node
+    agent that found torch's on-timeout files: ``dump_event(payload_from_file(path), t=mtime,
+    source={"job": .., "rank": .., "node": ..})``).
+
+    >>> ev = dump_event(unavailable("no recorder", "hang", "gloo"), t=1.7e9, source={"job": "j", "rank": 3})
+    >>> ev.event_type, ev.source.rank, ev.available, ev.unavailable_reason
+    ('flight_recorder_dump', 3, False, 'no recorder')
+    """
+    from vigil.schemas import Source, from_seconds
+    from vigil.schemas.events import FlightRecorderDump
+
+    src = Source(**{k: v for k, v in source.items() if v is not None})
+    return FlightRecorderDump(event_time=from_seconds(t), source=src, **payload)

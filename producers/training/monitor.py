@@ -852,7 +852,8 @@ class TrainingMonitor:
                                "register_ddp_comm_hook(model, hook=your_hook, state=your_state)")
         if hook is None:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as hook  # noqa: PLC0415
-        group = state if hook.__name__ == "allreduce_hook" and state is not None else getattr(model, "process_group", None)
+        default = getattr(hook, "__name__", "") == "allreduce_hook"
+        group = state if default and state is not None else getattr(model, "process_group", None)
         if group_name is None:
             group_name = self._group_names.get(id(group)) if group is not None else None
         gname = group_name or "dp"
@@ -932,7 +933,7 @@ class TrainingMonitor:
                 opened = mon._step_open_at
                 if opened is None or len(mon._durations) < warmup_steps or opened == dumped_for:
                     continue
-                timeout = max(min_timeout_s, factor * statistics.median(mon._durations))
+                timeout = max(min_timeout_s, factor * statistics.median(list(mon._durations)))
                 if mon._clock() - opened > timeout:
                     dumped_for = opened
                     try:
