@@ -10,7 +10,7 @@ apps, not here, so that importing ``detectors`` stays free of side effects).
 from vigil.detectors.base import REGISTRY, Detector, DetectorError, Finding, register
 from vigil.detectors import hang, heartbeat  # noqa: F401  (registration)
 from vigil.detectors import bocd, verification, xid, nic, gpu, straggler, period  # noqa: F401
-from vigil.detectors import failslow, failures, health  # noqa: F401
+from vigil.detectors import failslow, failures, health, flight_recorder  # noqa: F401
 
 from vigil.detectors.hang import HangDetector
 from vigil.detectors.heartbeat import HeartbeatLoss

@@ -17,6 +17,10 @@ from vigil.schemas.envelope import Envelope, Frozen
 
 # --- telemetry --------------------------------------------------------------
 
+#: A timing figure of an iteration record, and the ways one can be measured (see ``IterationTiming.measured``).
+TimingFigure = Literal["compute_s", "communication_s", "wait_s"]
+TimingMethod = Literal["cuda_events", "cuda_events_remainder", "cpu_wall", "cpu_wall_remainder", "external"]
+
 
 class IterationTiming(Envelope):
     """One training iteration of one rank, with its compute/communication split."""
@@ -31,6 +35,19 @@ class IterationTiming(Envelope):
     dp: int | None = Field(None, ge=0, description="Data-parallel coordinate of the rank.")
     pp: int | None = Field(None, ge=0, description="Pipeline-parallel coordinate (stage) of the rank.")
     tp: int | None = Field(None, ge=0, description="Tensor-parallel coordinate of the rank.")
+    wait_s: float | None = Field(None, ge=0, description=(
+        "Seconds blocked waiting for peers outside collectives (pipeline bubbles, point-to-point send/recv "
+        "waits); counted in neither compute_s nor communication_s."))
+    communication_by_kind: dict[str, float] = Field(default_factory=dict, description=(
+        "Seconds in collectives per kind of process group (the group name's part before a colon: tp, dp, "
+        "world...), and in point-to-point operations under pp; empty when not measured."))
+    measured: dict[TimingFigure, TimingMethod] = Field(default_factory=dict, description=(
+        "How each figure was measured: figure -> method. cuda_events: CUDA events recorded on the stream the "
+        "work ran on (device time); cuda_events_remainder: the device span of the step minus the measured "
+        "blocked time; cpu_wall: the host clock around the calls (true where the work runs on the calling "
+        "thread, as with gloo; only the launch cost of a CUDA collective); cpu_wall_remainder: the host step "
+        "time minus the measured blocked time; external: supplied by the caller. Empty: not stated "
+        "(producers before this field)."))
 
     @model_validator(mode="after")
     def _end_after_start(self) -> "IterationTiming":
@@ -60,6 +77,11 @@ class IterationStep(Envelope):
     dp: list[int] = Field(description="Data-parallel coordinate of each rank.")
     pp: list[int] = Field(description="Pipeline-parallel coordinate (stage) of each rank.")
     tp: list[int] = Field(description="Tensor-parallel coordinate of each rank.")
+    wait_s: list[float] = Field(default_factory=list, description=(
+        "Seconds each rank was blocked waiting for peers outside collectives (pipeline bubbles, P2P waits); "
+        "empty when not measured (a ClickHouse array cannot be null)."))
+    measured: dict[TimingFigure, TimingMethod] = Field(default_factory=dict, description=(
+        "How the figures were measured (as IterationTiming.measured), when every rank measured them alike."))
 
     @model_validator(mode="after")
     def _columns_align(self) -> "IterationStep":
@@ -67,6 +89,8 @@ class IterationStep(Envelope):
         for name in ("nodes", "gpus", "compute_s", "communication_s", "dp", "pp", "tp"):
             if len(getattr(self, name)) != n:
                 raise ValueError(f"{name} has {len(getattr(self, name))} elements, ranks has {n}")
+        if self.wait_s and len(self.wait_s) != n:
+            raise ValueError(f"wait_s has {len(self.wait_s)} elements, ranks has {n} (or none: not measured)")
         if self.end < self.start:
             raise ValueError(f"end ({self.end.isoformat()}) is before start ({self.start.isoformat()})")
         return self
@@ -176,6 +200,32 @@ class TrainingException(Envelope):
     message: str = Field("", description="Exception message.")
     traceback: str | None = Field(None, description="Formatted traceback.")
     thread: str | None = Field(None, description="Name of the thread that raised it.")
+
+
+class FlightRecorderDump(Envelope):
+    """One rank's flight-recorder dump (torch's NCCL/Gloo collective trace), taken on a hang or on demand.
+
+    The recorder (``TORCH_FR_BUFFER_SIZE``, or ``TORCH_NCCL_TRACE_BUFFER_SIZE`` on older torch) keeps the
+    last collectives of every process group of the rank with their sequence numbers and states;
+    comparing the ranks' dumps names the rank missing from, or stuck in, collective N of group G. The
+    entries are the last ones per group, in torch's field names cut to what that comparison needs.
+    """
+
+    event_type: Literal["flight_recorder_dump"] = Field("flight_recorder_dump", description="Event type tag.")
+    trigger: Literal["hang", "on_demand", "timeout_file"] = Field(description=(
+        "What took the dump: the hooks' hang watchdog, a request, or torch's own dump file on a timeout."))
+    available: bool = Field(description="Whether the rank's recorder produced a dump.")
+    unavailable_reason: str | None = Field(None, description="Why there is no dump (no API in this torch, buffer size 0...).")
+    backend: str | None = Field(None, description="Backend of the default process group (nccl, gloo).")
+    format_version: str | None = Field(None, description="The dump's own format version (torch's 'version' key).")
+    torch_version: str | None = Field(None, description="torch.__version__ of the rank.")
+    groups: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Process groups of the rank: {name, desc, ranks (global ranks), last_enqueued, last_started, "
+        "last_completed} (the last three from the dump's pg_status, null when absent)."))
+    entries: list[dict[str, Any]] = Field(default_factory=list, description=(
+        "Recorded operations, oldest first: {group, seq (collective_seq_id), p2p_seq, is_p2p, op "
+        "(profiling_name), state (scheduled|started|completed), retired, created_ns, started_ns, completed_ns}."))
+    entries_total: int = Field(0, ge=0, description="Entries in the dump before it was cut to the last ones per group.")
 
 
 # --- state ------------------------------------------------------------------
@@ -423,8 +473,7 @@ class WatchdogReport(Envelope):
 EVENT_MODELS: tuple[type[Envelope], ...] = (
     IterationTiming, IterationStep, CollectiveCall, XidError, NicCounters, GpuTelemetry, Heartbeat,
     ProcessExit, TrainingException, JobState, NodeState, Checkpoint, DetectorFinding, Alert, Decision, ActionResult,
-    DeadLetter,
-    AgentHealth, EventsDropped, WatchdogReport,
+    DeadLetter, AgentHealth, EventsDropped, WatchdogReport, FlightRecorderDump,
 )
 
 #: event_type -> model

@@ -77,6 +77,7 @@ TABLE_SPECS: dict[str, TableSpec] = {
         TableSpec("events_dropped", "events_dropped", ("node", "event_time", "event_id")),
         TableSpec("watchdog", "watchdog_reports", ("node", "check", "event_time", "event_id")),
         TableSpec("checkpoint", "checkpoints", ("job", "event_time", "event_id")),
+        TableSpec("flight_recorder_dump", "flight_recorder_dumps", ("job", "event_time", "rank", "event_id")),
     )
 }
 

@@ -57,6 +57,8 @@ TOPICS: dict[str, TopicSpec] = {
         TopicSpec("telemetry.agent", "agent_health", "node", 4, "Node-agent collector failures and recoveries."),
         TopicSpec("telemetry.dropped", "events_dropped", "node", 1, "Counts of events producers had to discard."),
         TopicSpec("telemetry.watchdogs", "watchdog", "node", 4, "Disk, memory, job-liveness and log-staleness checks."),
+        TopicSpec("telemetry.flight_recorder", "flight_recorder_dump", "job", 4,
+                  "Flight-recorder dumps of training ranks (collective sequence numbers and states), on a hang."),
     )
 }
 

@@ -5,12 +5,16 @@ step boundary (or every ``flush_interval_s``) the list leaves the process as
 one datagram of compact JSON::
 
     {"s": {"cluster": .., "node": .., "job": .., "rank": .., "gpu": ..},
-     "r": [["it", step, start, end, compute_s, comm_s, dp, pp, tp],
+     "r": [["it", step, start, end, compute_s, comm_s, dp, pp, tp, wait_s, by_kind, measured],
            ["cc", op, group, nbytes, start, end],
            ["ex", category, exc_type, message, traceback, thread, t],
            ["ck", phase, step, t, duration_s],
            ["bye", pid, t],
-           ["dr", count, reason, t]]}
+           ["dr", count, reason, t],
+           ["fr", t, {trigger, available, ..., groups, entries}]]}
+
+(``it`` records of nine fields, without the last three, are read too: hooks
+before ``wait_s``.)
 
 Times are seconds since the epoch (``time.time()``). The node batcher
 (:mod:`vigil.producers.training.batching`) turns records into events with
@@ -35,7 +39,7 @@ from typing import Any, Callable, Iterable, Sequence
 from vigil.schemas import (
     Checkpoint, CollectiveCall, Envelope, IterationTiming, ProcessExit, Source, TrainingException, from_seconds,
 )
-from vigil.schemas.events import CollectiveOp, EventsDropped
+from vigil.schemas.events import CollectiveOp, EventsDropped, FlightRecorderDump
 
 log = logging.getLogger(__name__)
 
@@ -67,13 +71,25 @@ def records_to_events(source: dict[str, Any], records: Iterable[Sequence[Any]]) 
         try:
             kind = rec[0]
             if kind == "it":
-                _, step, start, end, compute_s, comm_s, dp, pp, tp = rec
+                _, step, start, end, compute_s, comm_s, dp, pp, tp, *more = rec
+                if len(more) == 3:
+                    wait_s, by_kind, measured = more
+                elif not more:
+                    wait_s = by_kind = measured = None
+                else:
+                    raise ValueError(f"an 'it' record has 9 or 12 fields, got {len(rec)}")
                 events.append(IterationTiming(
                     event_time=from_seconds(end), source=src, step=step, start=from_seconds(start),
                     end=from_seconds(max(end, start)), duration_s=max(0.0, end - start),
                     compute_s=None if compute_s is None else max(0.0, compute_s),
                     communication_s=None if comm_s is None else max(0.0, comm_s), dp=dp, pp=pp, tp=tp,
+                    wait_s=None if wait_s is None else max(0.0, wait_s),
+                    communication_by_kind={k: max(0.0, v) for k, v in (by_kind or {}).items()},
+                    measured=measured or {},
                 ))
+            elif kind == "fr":
+                _, t, payload = rec
+                events.append(FlightRecorderDump(event_time=from_seconds(t), source=src, **payload))
             elif kind == "cc":
                 _, op, group, nbytes, start, end = rec
                 events.append(CollectiveCall(

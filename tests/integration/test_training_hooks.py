@@ -105,7 +105,10 @@ def test_every_rank_publishes_every_step_with_its_coordinates(training_run):
     for e in its:
         assert (e.dp, e.pp, e.tp) == (e.source.rank // 2, 0, e.source.rank % 2)
         assert e.source.job == training_run["job"]
-        assert e.compute_s + e.communication_s == pytest.approx(e.duration_s, abs=1e-6)
+        # compute is the marked blocks (mon.compute()); what is unmarked between them (Python, a core taken
+        # by another process) is in no figure, and nothing is counted twice
+        assert 0.5 * e.duration_s <= e.compute_s + e.communication_s + e.wait_s <= e.duration_s + 1e-6
+        assert e.measured == {"compute_s": "cpu_wall", "communication_s": "cpu_wall", "wait_s": "cpu_wall"}
     calls = [e for e in training_run["events"] if isinstance(e, CollectiveCall)]
     # three all-reduces per step per rank (tp, tp, dp) plus the barriers, all with bytes and groups
     per_rank_step = [c for c in calls if c.op.value == "all_reduce"]

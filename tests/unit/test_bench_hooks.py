@@ -1,4 +1,4 @@
-"""The statistics of ``vigil bench hooks``: the A/B over alternating blocks, its interval, the choice of overhead_pct."""
+"""The statistics of ``vigil bench hooks``: the A/B over alternating blocks, its interval, the headline overhead."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from vigil.bench.hooks import ab_overhead, choose_overhead
+from vigil.bench.hooks import ab_overhead, headline
 
 BLOCK = 5
 
@@ -68,14 +68,20 @@ def test_no_pairs_is_an_error():
         ab_overhead([[(s, False, 0.01, 0.003, 0.003, 0.0) for s in range(20)]], BLOCK)
 
 
-def test_choose_overhead():
-    tight = {"cpu_main_vs_wall": {"median": 0.4, "ci": [0.1, 0.8]}}
-    wide = {"cpu_main_vs_wall": {"median": 0.4, "ci": [-2.0, 3.0]}}
-    assert choose_overhead(0.06, {"short": tight})[0] == 0.4
-    assert choose_overhead(0.06, {"short": wide, "realistic": tight}) == (0.4, choose_overhead(0.06, {"realistic": tight})[1])
-    assert "realistic" in choose_overhead(0.06, {"short": wide, "realistic": tight})[1]
-    value, source = choose_overhead(0.06, {"short": wide})
-    assert value == 0.06 and source.startswith("isolated")
-    # A tight interval above 1 % is reported as it is, not replaced by the isolated figure.
-    high = {"cpu_main_vs_wall": {"median": 1.8, "ci": [1.5, 2.2]}}
-    assert choose_overhead(0.06, {"short": high})[0] == 1.8
+def _run(median, ci, wall_off=100.0, pinned=True):
+    return {"cpu_main_vs_wall": {"median": median, "ci": ci}, "step_ms": {"wall_off": wall_off}, "pinned": pinned}
+
+
+def test_headline_is_the_realistic_end_to_end_figure_whatever_its_interval():
+    r = headline({"short": _run(0.4, [0.1, 0.8], 15.0), "realistic": _run(0.2, [-0.5, 1.4], 150.0)})
+    assert (r["run"], r["overhead_pct"], r["ci95"], r["denominator_ms"]) == ("realistic", 0.2, [-0.5, 1.4], 150.0)
+    assert r["target_met"] is False  # a wide interval is not a pass: its upper end is above 1 %
+    assert "pinned" in r["denominator"]
+
+
+def test_headline_target_is_met_only_by_the_upper_end_of_the_interval():
+    assert headline({"realistic": _run(0.9, [0.7, 1.0])})["target_met"] is True
+    assert headline({"realistic": _run(0.9, [0.7, 1.01])})["target_met"] is False
+    assert headline({"realistic": _run(1.8, [1.5, 2.2])})["overhead_pct"] == 1.8  # reported as it is
+    only_short = headline({"short": _run(0.5, [0.2, 0.9], 15.0, pinned=False)})
+    assert only_short["run"] == "short" and "not pinned" in only_short["denominator"]
