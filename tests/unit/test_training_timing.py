@@ -176,9 +176,6 @@ def test_hang_watchdog_dumps_once_when_a_step_stays_open():
     assert len(frs) == 1 and frs[0][2]["trigger"] == "hang"
     (ev,), errors = records_to_events(mon.source, frs)
     assert not errors and isinstance(ev, FlightRecorderDump)
-    # with no process group the payload says why there is no dump instead of failing (an earlier test of
-    # this process may have left one initialized: then there is a dump)
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        assert ev.available is False and ev.unavailable_reason
+    # with no process group the payload says why there is no dump instead of failing; the recorder's buffer
+    # is the process's, so after an earlier test's collectives in this process it holds those instead
+    assert (ev.available is False and ev.unavailable_reason) or (ev.available and ev.entries_total > 0)
