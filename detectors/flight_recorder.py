@@ -340,6 +340,8 @@ class FlightRecorderAnalyzer(Detector):
 
     name = "flight_recorder"
     version = "1"
+    consumes = ("flight_recorder_dump",)
+    per = "job"
 
     def __init__(self, settle_s: float = 15.0) -> None:
         self.settle_s = _check_positive(settle_s, "settle_s")
@@ -351,6 +353,10 @@ class FlightRecorderAnalyzer(Detector):
         self._analysed_at: float | None = None
         self._attribution: Attribution | None = None
         self._finding: Finding | None = None
+
+    def observe(self, item: Any, *, t: float, context: Any = None) -> None:
+        """A rank's dump event (:class:`~vigil.schemas.FlightRecorderDump`)."""
+        self.update(dump_record(item), t=t)
 
     def update(self, dump: Mapping[str, Any], *, t: float) -> None:
         t = _check_time(t, "t")
@@ -394,7 +400,8 @@ class FlightRecorderAnalyzer(Detector):
               "rank": first, "node": nodes.get(str(first)) if first is not None else None,
               "stuck_s": a.stuck_s, "chain": [dict(c) for c in a.chain], "summary": _summary(a)}
         ev.update({k: v for k, v in a.evidence.items() if k not in ev})
-        self._finding = Finding("collective_stuck", 2, a.onset if a.onset is not None else t, t, ev)
+        self._finding = Finding("collective_stuck", 2, a.onset if a.onset is not None else t, t, ev,
+                                subject={"rank": first, "node": ev["node"]})
 
     @property
     def attribution(self) -> Attribution | None:

@@ -49,6 +49,10 @@ class RankTimings:
     dp: tuple[int, ...]
     pp: tuple[int, ...]
     tp: tuple[int, ...]
+    #: Seconds each rank was blocked waiting for a peer (pipeline bubbles, P2P waits); None: not measured.
+    wait_s: tuple[float | None, ...] = ()
+    #: Communication seconds by kind of group (tp, pp, dp...) per rank; None: not measured.
+    ops: tuple[dict[str, float] | None, ...] = ()
 
     def placement(self, rank: int) -> tuple[str | None, int | None] | None:
         """Node and GPU of ``rank`` in this step, or None when it did not report."""

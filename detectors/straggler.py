@@ -686,9 +686,16 @@ class StragglerLocalizer(Detector):
         if not slow and self._confirmed is None and self._observed % self.quiet_every:
             return
         self._placement = item
-        self.update([{"rank": r, "dp": d, "pp": p, "tp": q, "compute": c, "comm": m}
-                     for r, c, m, d, p, q in zip(item.ranks, item.compute_s, item.communication_s,
-                                                 item.dp, item.pp, item.tp)], t=item.end)
+        records = [{"rank": r, "dp": d, "pp": p, "tp": q, "compute": c, "comm": m}
+                   for r, c, m, d, p, q in zip(item.ranks, item.compute_s, item.communication_s, item.dp, item.pp,
+                                               item.tp)]
+        if item.wait_s and any(w is not None for w in item.wait_s):
+            for rec, w in zip(records, item.wait_s):
+                rec["wait"] = w
+        if item.ops and all(o for o in item.ops):  # per-kind communication only when every rank has it
+            for rec, o in zip(records, item.ops):
+                rec["ops"] = o
+        self.update(records, t=item.end)
 
     def update(self, records: Sequence[Mapping[str, Any]], *, t: float) -> None:
         t = _check_time(t, "t")

@@ -51,7 +51,7 @@ __all__ = ["TELEMETRY", "FEEDBACK", "Worker", "run_worker"]
 
 #: Telemetry the detection stage reads.
 TELEMETRY = ("heartbeat", "node_samples", "iteration", "iteration_step", "collective", "checkpoint", "xid",
-             "nic_counters", "gpu_telemetry", "process_exit", "training_exception")
+             "nic_counters", "gpu_telemetry", "process_exit", "training_exception", "flight_recorder_dump")
 #: What the broadcast reader follows.
 FEEDBACK = ("action_result", "job_state", "node_state", "alert", "decision")
 

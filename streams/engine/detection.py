@@ -50,7 +50,7 @@ _FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
 
 #: The built-in detectors the engine runs, by registry name.
 BUILTIN = ("heartbeat_loss", "xid", "nic_congestion", "gpu_degradation", "process_exit", "exception_classifier",
-           "node_health", "iteration_period", "hang", "fail_slow", "straggler")
+           "node_health", "iteration_period", "hang", "fail_slow", "straggler", "flight_recorder")
 #: Events that drive a job's steps (and say the job's stream is alive).
 _STEP_EVENTS = ("iteration", "iteration_step", "collective")
 #: Events that say a job's stream is alive.
@@ -395,8 +395,8 @@ class DetectionEngine:
 
     @staticmethod
     def _subject(key: _Key, f: Finding) -> Subject:
-        if f.subject is not None:
-            return Subject(**{k: v for k, v in f.subject.items() if v is not None})
+        if f.subject is not None:  # narrowed by the detector, within its key
+            return Subject(**{key.per: key.name, **{k: v for k, v in f.subject.items() if v is not None}})
         if key.per == "job":
             return Subject(job=key.name)
         ev = f.evidence

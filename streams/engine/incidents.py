@@ -50,6 +50,10 @@ GPU_CAUSES = {"throttle", "clock_below_peers", "temperature_outlier", "ecc_dbe",
 LINK_CAUSES = {"congestion", "link_flap", "transport_errors"}
 #: Many nodes silent together: one incident, a shared cause.
 NODES_SILENT = "nodes_silent"
+#: A hung job's collective, compared across its ranks' flight recorders: the attributed cause of its hang.
+COLLECTIVE_STUCK = "collective_stuck"
+#: Findings that only annotate an incident (they never open one of their own).
+ANNOTATIONS = {"flight_recorder_unavailable"}
 #: A rank that ended: its job stalls and its peers time out waiting for it.
 CRASHES = TRANSIENT
 
@@ -100,6 +104,10 @@ def explains(cause: DetectorFinding, symptom: DetectorFinding) -> bool:
             s in CRASHES and c == "nccl_timeout")  # a timeout does not explain a crash
     if c == "fail_slow":
         return s == "straggler" and symptom.subject.job == cause.subject.job
+    if c == COLLECTIVE_STUCK:  # the rank that never entered (or finished) the collective its peers wait in
+        return job is not None and symptom.subject.job == job and s in PEER_SYMPTOMS
+    if c == "task_hang" and s in ANNOTATIONS:
+        return job is not None and symptom.subject.job == job
     return False
 
 
@@ -144,6 +152,8 @@ def _summary(f: DetectorFinding) -> str:
         detail = f": iteration time {100 * ev.get('rel_change', 0):+.0f}% ({ev.get('slowdown_class', 'unclassified')})"
     elif f.kind == "xid":
         detail = f": XID {ev.get('code')} {ev.get('mnemonic', '')} -> {ev.get('action', '')}"
+    elif f.kind == COLLECTIVE_STUCK:
+        return f"{f.kind} {subject}: {ev.get('summary', '')}"[:1000]
     elif f.kind == NODES_SILENT:
         nodes = ev.get("nodes") or []
         return f"{len(nodes)} nodes went silent together ({', '.join(nodes[:8])}{'...' if len(nodes) > 8 else ''}): " \
@@ -205,6 +215,8 @@ class Correlator:
         for inc in self._by_age():
             if any(explains(m, f) for k, m in inc.members.items() if self._current(m) and k not in inc.cleared):
                 return self._attach(inc, f, now)
+        if f.kind in ANNOTATIONS:
+            return []  # nothing to annotate: not an incident of its own
         # 2. it explains open incidents: it becomes their root (re-rooting the oldest)
         absorbed = [inc for inc in self._by_age() if explains(f, inc.root)]
         if absorbed:

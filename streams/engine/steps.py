@@ -52,7 +52,8 @@ class StepAssembler:
                 compute_s=tuple(r.compute_s for r in ranks),  # type: ignore[misc]
                 communication_s=tuple(r.communication_s for r in ranks),  # type: ignore[misc]
                 dp=tuple(r.dp or 0 for r in ranks), pp=tuple(r.pp or 0 for r in ranks),
-                tp=tuple(r.tp or 0 for r in ranks)))
+                tp=tuple(r.tp or 0 for r in ranks), wait_s=tuple(r.wait_s for r in ranks),
+                ops=tuple(dict(r.communication_by_kind) or None for r in ranks)))
         return out
 
     def on_step(self, st: IterationStep) -> list[Any]:
@@ -64,7 +65,7 @@ class StepAssembler:
         return [progress, RankTimings(
             step=st.step, end=end, ranks=tuple(st.ranks), nodes=tuple(st.nodes), gpus=tuple(st.gpus),
             compute_s=tuple(st.compute_s), communication_s=tuple(st.communication_s), dp=tuple(st.dp),
-            pp=tuple(st.pp), tp=tuple(st.tp))]
+            pp=tuple(st.pp), tp=tuple(st.tp), wait_s=tuple(st.wait_s))]
 
     def on_inferred(self, progress: Progress) -> list[Any]:
         """Progress inferred from the job's collective calls: used while the job reports no steps."""
