@@ -312,6 +312,7 @@ class Subject(Frozen):
     gpu: int | None = Field(None, ge=0, description="GPU index on the node.")
     rank: int | None = Field(None, ge=0, description="Global rank.")
     link: str | None = Field(None, description="Network link, e.g. node/mlx5_0:1.")
+    run: str | None = Field(None, description="Training run: a chain of jobs that resume one another.")
 
 
 class Slowdown(Frozen):

@@ -38,6 +38,7 @@ from vigil.schemas import Alert, Decision, DetectorFinding, Envelope, JobState, 
 from vigil.streams.config import StreamConfig
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine, EngineParams
+from vigil.detectors.chain import RunChain
 from vigil.streams.engine.escalation import Escalation
 from vigil.streams.engine.incidents import Correlator
 from vigil.streams.engine.planning import replan
@@ -157,7 +158,7 @@ class Worker:
         decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
                                  replan=replan if config.replan else None) if config.decide else None
         self.detect = DetectStage(DetectionEngine(params), key_of_topics(config, TELEMETRY))
-        self.correlate = CorrelateStage(correlator, decider)
+        self.correlate = CorrelateStage(correlator, decider, chain=RunChain(**config.chain))
         self.findings_topic = config.topic("finding")
         self.findings_tp = (self.findings_topic, 0)
         self._producer = Producer({**config.kafka_conf(), "linger.ms": 1, "acks": "all", "log_level": 3})

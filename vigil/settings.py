@@ -89,6 +89,9 @@ class Settings(BaseSettings):
                                               "seconds of its remedy climbs the ladder (default: Escalation's).")
     max_restarts: int | None = Field(None, ge=1, description="Restarts tried for one failure in the window before "
                                      "reconfiguring (default: Escalation's).")
+    chain_timeout_s: float | None = Field(None, gt=0, description="A training run whose last job left to be "
+                                          "continued (time limit, preemption) and that has no job running or queued "
+                                          "this many seconds later raises chain_broken (default: RunChain's).")
 
     @field_validator("state_dir")
     @classmethod
@@ -149,6 +152,7 @@ class Settings(BaseSettings):
             tick_interval_s=self.tick_interval_s, recovery_window_s=self.recovery_window_s, decide=self.decide,
             replan=self.replan,
             engine=EngineParams(detectors=self.detector_params()), escalation=self.escalation_params(),
+            chain={"timeout_s": self.chain_timeout_s} if self.chain_timeout_s is not None else {},
         )
         values.update(overrides)
         return StreamConfig(**values)

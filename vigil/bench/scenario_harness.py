@@ -79,14 +79,14 @@ class Scene:
 class WorkerProcess:
     """``vigil worker`` for the scene."""
 
-    def __init__(self, scene: Scene) -> None:
+    def __init__(self, scene: Scene, env: dict[str, str] | None = None) -> None:
         self.dir = scene.root / "worker"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ready = self.dir / "ready"
         self.log = self.dir / "worker.log"
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker", "--ready-file", str(self.ready),
-                                          "--log-level", "INFO"], env=scene.env(VIGIL_STATE_DIR=str(self.dir)),
+                                          "--log-level", "INFO"], env=scene.env(VIGIL_STATE_DIR=str(self.dir), **(env or {})),
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         scene.processes.append(self.proc)
 
@@ -138,6 +138,21 @@ class AgentProcess:
             except (OSError, ValueError):
                 continue
         return out
+
+    def saved(self) -> dict[int, tuple[int, float]]:
+        """rank -> (step, time) of the save vigil asked for, from the ranks' own files."""
+        out = {}
+        for f in (self.dir / "progress").glob("saved*"):
+            try:
+                step, at = f.read_text().split()
+                out[int(f.name[5:])] = (int(step), float(at))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def signal_all(self, sig: int) -> None:
+        """What a Slurm signal does: the agent and every process it started get it."""
+        os.killpg(self.proc.pid, sig)
 
     def step(self) -> int:
         p = self.progress()
