@@ -1,0 +1,414 @@
+"""Residual CUSUM: change points on the one-step forecast errors of a robust local model.
+
+(write-up below, filled in from the benchmark)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from vigil.detectors.base import DetectorError, _check_time, register
+from vigil.detectors.bocd import ChangePointDetector, _check_float, _check_int, _check_value
+
+__all__ = ["ResidualCUSUM"]
+
+_MAD = 1.4826  # sigma / median |e| of a normal
+_LOG_SD = math.pi / math.sqrt(8.0)  # sd of log|Z|, Z standard normal
+_PHIS = (0.0, 0.5, 0.8, 0.95, 1.0)  # candidate AR(1) coefficients of the deviations
+
+
+@register
+class ResidualCUSUM(ChangePointDetector):
+    """Two-sided CUSUMs of level and scale on the standardised forecast errors of a robust local model."""
+
+    name = "residual_cusum"
+    version = "1"
+
+    def __init__(self, h: float = 12.0, k: float = 1.0, clip: float = 3.0, clean: float = 1.5,
+                 h_scale: float = 10.0, k_scale: float = 0.2, scale_clip: float = 0.5, confirm: int = 12,
+                 confirm_frac: float = 0.34, level_min: float = 1.0, scale_min: float = 1.5, jump_min: float = 3.0,
+                 refine: int = 16, memory: int = 64, slope_ridge: float = 500.0, ar_memory: int = 100,
+                 ar_prior: float = 2.0, ar_penalty: float = 0.5, min_points: int = 4, inflation: float = 6.0,
+                 season_max: int = 64, season_every: int = 32, season_acf: float = 0.35, season_gain: float = 0.1,
+                 max_replay: int = 128) -> None:
+        self.h = _check_float(h, "h", 0.0)
+        self.k = _check_float(k, "k", 0.0, low_open=False)
+        self.clip = _check_float(clip, "clip", 0.0)
+        self.clean = _check_float(clean, "clean", 0.0)
+        self.h_scale = _check_float(h_scale, "h_scale", 0.0)
+        self.k_scale = _check_float(k_scale, "k_scale", 0.0, low_open=False)
+        self.scale_clip = _check_float(scale_clip, "scale_clip", 0.0)
+        self.confirm = _check_int(confirm, "confirm", 4)
+        self.confirm_frac = _check_float(confirm_frac, "confirm_frac", 0.0)
+        self.level_min = _check_float(level_min, "level_min", 0.0, low_open=False)
+        self.scale_min = _check_float(scale_min, "scale_min", 1.0, low_open=False)
+        self.memory = _check_int(memory, "memory", 2)
+        self.slope_ridge = _check_float(slope_ridge, "slope_ridge", 0.0)
+        self.ar_memory = _check_int(ar_memory, "ar_memory", 2)
+        self.ar_prior = _check_float(ar_prior, "ar_prior", 0.0, low_open=False)
+        self.ar_penalty = _check_float(ar_penalty, "ar_penalty", 0.0, low_open=False)
+        self.jump_min = _check_float(jump_min, "jump_min", 0.0, low_open=False)
+        self.refine = _check_int(refine, "refine", 0)
+        self.min_points = _check_int(min_points, "min_points", 3)
+        self.inflation = _check_float(inflation, "inflation", 0.0, low_open=False)
+        self.season_max = _check_int(season_max, "season_max", 0)
+        self.season_every = _check_int(season_every, "season_every", 1)
+        self.season_acf = _check_float(season_acf, "season_acf", 0.0, 1.0)
+        self.season_gain = _check_float(season_gain, "season_gain", 0.0, 1.0, high_open=False)
+        self.max_replay = _check_int(max_replay, "max_replay", 1)
+        if self.max_replay > self.history // 2:
+            raise DetectorError(f"max_replay must be <= {self.history // 2}, got {max_replay!r}")
+        self._reset()
+
+    # -- state -------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._cp_reset()
+        self._lam = 1.0 - 1.0 / self.memory
+        self._lam_ar = 1.0 - 1.0 / self.ar_memory
+        self._z = [0.0] * self.history  # standardised errors, by index
+
+        self._started = False
+        self._seg = 0  # first index of the current segment
+        self._sig = 1.0  # robust scale of the errors (1.4826 x median |e|)
+        self._lq = 0.0  # log median |e|
+        self._w = 0.0  # weight of the scale estimate (values, up to memory)
+        self._mg = 0.0  # in-control mean of the log score
+        self._wa = 0.0  # weight of the AR estimate (values, up to ar_memory)
+        self._lqs = [0.0] * len(_PHIS)  # log median |e| of each candidate AR coefficient
+        self._phi = 0.0
+        self._u_prev = 0.0
+        self._period = 0
+        self._season: list[float] = []
+        self._next_season = 0
+        self._new_segment(slope=0.0)
+
+    def _new_segment(self, slope: float) -> None:
+        self._s0 = self._s1 = self._s2 = self._sy = self._say = 0.0
+        self._slope0 = slope
+        self._zero_cusums()
+
+    def _zero_cusums(self) -> None:
+        self._sp = self._sn = self._vp = self._vn = 0.0
+        n = self._n
+        self._sp0 = self._sn0 = self._vp0 = self._vn0 = n
+        self._cand = ""  # the statistic of the open candidate ("" none)
+        self._cand_onset = self._cand_start = n
+
+    # -- the model -----------------------------------------------------------------
+    def _forecast(self) -> tuple[float, float]:
+        """Level forecast for the next value (deseasonalised) and the slope per step."""
+        s0 = self._s0
+        if s0 <= 0.0:
+            return math.nan, self._slope0
+        s1, sy = self._s1, self._sy
+        rho = self.slope_ridge
+        den = s0 * (self._s2 + rho) - s1 * s1
+        sa = (self._say * s0 - sy * s1 - rho * self._slope0 * s0) / den  # slope against age (= -slope)
+        c = (sy - sa * s1) / s0
+        return c - sa, -sa
+
+    def _absorb(self, y: float) -> None:
+        lam = self._lam
+        s0 = self._s0
+        self._s2 = lam * (self._s2 + 2.0 * self._s1 + s0)
+        self._s1 = lam * (self._s1 + s0)
+        self._say = lam * (self._say + self._sy)
+        self._s0 = lam * s0 + 1.0
+        self._sy = lam * self._sy + y
+
+    def _step(self, x: float, i: int, detect: bool, t: float) -> None:
+        """Process value ``x`` at index ``i``; test for a change when ``detect``."""
+        per = self._period
+        s = self._season[i % per] if per else 0.0
+        m, _ = self._forecast()
+        if m != m:  # first value of the segment
+            self._absorb(x - s)
+
+            self._u_prev = 0.0
+            self._z[i % self.history] = 0.0
+            return
+        m += s
+        u = x - m
+        e = u - self._phi * self._u_prev
+        sig = self._sig
+        z = e / sig
+        self._z[i % self.history] = z
+        a = abs(z)
+        g = math.log(a / _MAD) if a > 1e-300 else -3.0
+        gmax = self.scale_clip
+        g = -2.0 if g < -2.0 else (gmax if g > gmax else g)
+        hot = False
+        if detect:
+            c = self.clip
+            zc = c if z > c else (-c if z < -c else z)
+            kk = self.k
+            sp = self._sp + zc - kk
+            if sp <= 0.0:
+                sp = 0.0
+                self._sp0 = i + 1
+            sn = self._sn - zc - kk
+            if sn <= 0.0:
+                sn = 0.0
+                self._sn0 = i + 1
+            v = (g - self._mg) / _LOG_SD
+            ks = self.k_scale
+            vp = self._vp + v - ks
+            if vp <= 0.0:
+                vp = 0.0
+                self._vp0 = i + 1
+            vn = self._vn - v - ks
+            if vn <= 0.0:
+                vn = 0.0
+                self._vn0 = i + 1
+            self._sp, self._sn, self._vp, self._vn = sp, sn, vp, vn
+            infl = 1.0 + self.inflation / self._w
+            h = self.h * infl
+            hs = self.h_scale * infl
+            cand = self._cand
+            if cand:  # still above its threshold, not outlived, and no level candidate behind a scale one?
+                alive = (sp > h if cand == "level_up" else sn > h if cand == "level_down"
+                         else vp > hs if cand == "scale_up" else vn > hs)
+                if not alive or i - self._cand_onset >= self.max_replay or (
+                        cand[0] == "s" and (sp > h or sn > h)):
+                    if alive:  # unverified for too long, or overtaken: start that statistic afresh
+                        self._restart(cand, i)
+                        sp, sn, vp, vn = self._sp, self._sn, self._vp, self._vn
+                    cand = ""
+            if not cand:
+                if sp > h or sn > h:
+                    cand, onset = ("level_up", self._sp0) if sp > sn else ("level_down", self._sn0)
+                elif vp > hs or vn > hs:
+                    cand, onset = ("scale_up", self._vp0) if vp > vn else ("scale_down", self._vn0)
+                if cand:
+                    self._cand_start = max(onset, self._seg + 1, i - self.max_replay + 1)
+            self._cand = cand
+            if cand:
+                # Page's onset (the statistic's last zero) lags when it idled above zero before the jump:
+                # the onset is where the errors since then split best into "before" and "shifted"
+                self._cand_onset = (self._locate(self._cand_start, i, 1.0 if cand == "level_up" else -1.0)
+                                    if cand[0] == "l" else self._cand_start)
+                # a change must last `confirm` values, or a third of the segment it departs from when
+                # that is shorter (a 5-step blip after 100 steady ones is no change; after 12 it may be)
+                need = (self._cand_onset - self._seg) * self.confirm_frac
+                need = self.confirm if need > self.confirm else (4 if need < 4 else need)
+                if i + 1 - self._cand_onset >= need and self._verified(cand, self._cand_onset, i):
+                    self._change_at(self._cand_onset, i, t, cand)
+                    return
+                hot = True
+        # update the model with the cleaned value
+        cl = self.clean
+        ec = (cl if z > cl else (-cl if z < -cl else z)) * sig
+        uc = u - e + ec  # deviation of the cleaned value from the structural forecast
+        self._absorb(m - s + uc)
+        if per:
+            self._season[i % per] += self.season_gain * uc
+        up = self._u_prev
+        if hot:  # a candidate is open: the scale and the AR coefficient wait for its verdict
+            self._u_prev = uc
+            return
+        # AR(1) coefficient: of a few candidates, the one whose errors have the smallest median |e|
+        # (each tracked in log space: a spike or a block of slow steps barely moves a median)
+        wa = self._wa + 1.0
+        if wa > self.ar_memory:
+            wa = float(self.ar_memory)
+        self._wa = wa
+        g_ = 1.0 / wa
+        lqs = self._lqs
+        best, bj = 1e300, 0
+        for j, ph in enumerate(_PHIS):
+            ej = uc - ph * up
+            lj = lqs[j]
+            lj += g_ if abs(ej) > math.exp(lj) else -g_
+            lqs[j] = lj
+            sc = lj + self.ar_penalty * ph
+            if sc < best:
+                best, bj = sc, j
+        self._phi = _PHIS[bj]
+        self._u_prev = uc
+        # scale: the median of |e| tracked in log space, gain decreasing to 1/memory
+        w = self._w + 1.0
+        if w > self.memory:
+            w = float(self.memory)
+        self._w = w
+        lq = self._lq + (1.0 if a > 1.0 / _MAD else -1.0) / w
+        floor = math.log(1e-9 * abs(x) + 1e-300)
+        self._lq = lq if lq > floor else floor
+        self._sig = _MAD * math.exp(self._lq)
+        self._mg += (g - self._mg) / w
+
+    def _locate(self, start: int, i: int, sign: float) -> int:
+        """The onset in ``start..i`` that maximises the mean-shift likelihood ratio of the clipped errors after it."""
+        H = self.history
+        c = self.clip
+        z = self._z
+        best, best_j = -1.0, start
+        acc = 0.0
+        for j in range(i, start - 1, -1):
+            v = sign * z[j % H]
+            acc += c if v > c else (-c if v < -c else v)
+            score = acc / math.sqrt(i - j + 1)
+            if score > best:
+                best, best_j = score, j
+        return best_j
+
+    def _restart(self, cand: str, i: int) -> None:
+        """Zero the statistic of a candidate that will not be verified."""
+        if cand == "level_up":
+            self._sp, self._sp0 = 0.0, i + 1
+        elif cand == "level_down":
+            self._sn, self._sn0 = 0.0, i + 1
+        elif cand == "scale_up":
+            self._vp, self._vp0 = 0.0, i + 1
+        else:
+            self._vn, self._vn0 = 0.0, i + 1
+
+    def _verified(self, cand: str, onset: int, i: int) -> bool:
+        """Is the change sustained: the errors since the onset at a new level (or scale)?"""
+        H = self.history
+        zs = sorted(self._z[j % H] for j in range(onset, i + 1))
+        L = len(zs)
+        if cand == "level_up" or cand == "level_down":
+            med = 0.5 * (zs[(L - 1) // 2] + zs[L // 2])
+            last = sorted(self._z[j % H] for j in range(i - 2, i + 1))[1]
+            if cand == "level_down":
+                med, last = -med, -last
+            if not (med >= self.level_min and last >= self.level_min):
+                return False
+            if self._phi >= 0.8:  # a persistent series: a change must also jump, a random walk only wanders
+                jump = max(abs(self._z[j % H]) for j in range(max(onset - 1, self._seg), min(onset + 2, i + 1)))
+                return jump >= self.jump_min
+            return True
+        az = sorted(abs(v) for v in zs)
+        med = 0.5 * (az[(L - 1) // 2] + az[L // 2]) * _MAD
+        last = sorted(abs(self._z[j % H]) for j in range(i - 4, i + 1))[2] * _MAD
+        if cand == "scale_up":
+            return med >= self.scale_min and last >= self.scale_min
+        return med <= 1.0 / self.scale_min and last <= 1.0 / self.scale_min
+
+    def _refine(self, onset: int, i: int) -> int:
+        """The split of the recent values that two straight lines fit best (a shift or a kink)."""
+        i0 = max(self._seg, onset - self.refine, i + 1 - self.history)
+        if i + 1 - i0 < 8:
+            return onset
+        H = self.history
+        idx = np.arange(i0, i + 1)
+        y = self._vals[idx % H]
+        if self._period:
+            y = y - np.asarray(self._season)[idx % self._period]
+        t = (idx - i0).astype(float)
+        # cumulative sums of 1, t, t^2, y, t y, y^2 from the left and from the right
+        cs = [np.concatenate(([0.0], np.cumsum(v))) for v in (np.ones_like(t), t, t * t, y, t * y, y * y)]
+        L = t.shape[0]
+        ks = np.arange(3, L - 2)  # the new segment starts at i0 + k; 3 values at least on each side
+
+        def sse(a, b):  # SSE of the least-squares line through values a .. b-1 (arrays of a, b)
+            n, st, stt, sy, sty, syy = (c[b] - c[a] for c in cs)
+            vt = stt - st * st / n
+            vy = syy - sy * sy / n
+            cty = sty - st * sy / n
+            return vy - np.where(vt > 0, cty * cty / np.where(vt > 0, vt, 1.0), 0.0)
+
+        cost = sse(np.zeros_like(ks), ks) + sse(ks, np.full_like(ks, L))
+        return int(i0 + ks[int(np.argmin(cost))])
+
+    def _change_at(self, onset: int, i: int, t: float, why: str) -> None:
+        if self.refine and why.startswith("level"):
+            onset = self._refine(onset, i)
+        _, slope = self._forecast()
+        b, a = self._levels(onset, start=self._seg)
+        self._emit(onset, t, b, a, statistic=why)
+        self._seg = onset
+        self._new_segment(slope=slope)
+        self._w = min(self._w, 5.0)  # the scale keeps a prior weight; the new segment refines it
+        self._mg = 0.0 if why.startswith("scale") else self._mg
+        H = self.history
+        for j in range(onset, i + 1):
+            self._step(float(self._vals[j % H]), j, False, t)
+        self._zero_cusums()
+
+    def _start(self) -> None:
+        """First ``min_points`` values: a robust scale from their differences, then play them."""
+        v = self._window(0, self._n)
+        d = np.diff(v)
+        dev = np.abs(d - np.median(d))
+        sig = _MAD * float(np.median(dev)) / math.sqrt(2.0)
+        if not sig > 0:
+            sig = float(np.mean(dev)) / math.sqrt(2.0)
+        self._sig = max(sig, 1e-9 * float(np.max(np.abs(v))) + 1e-300)
+        self._lq = math.log(self._sig / _MAD)
+        self._w = 1.0
+        # prior: independent errors (phi = 0); phi = 1 errors would be sqrt(2) larger
+        self._lqs = [self._lq + 0.5 * math.log(1.0 + ph * ph) for ph in _PHIS]
+        self._wa = self.ar_prior
+        self._mg = -0.24  # E log(|Z| / 0.6745) of a normal
+        self._started = True
+        for j in range(self._n):
+            self._step(float(v[j]), j, False, 0.0)
+        self._zero_cusums()
+
+    def _season_check(self) -> None:
+        n = self._n
+        m = min(n, self.history, 4 * self.season_max)
+        if m < 12:
+            return
+        v = self._window(n - m, n)
+        d = np.diff(v)
+        med = np.median(d)
+        mad = _MAD * float(np.median(np.abs(d - med))) + 1e-300
+        d = np.clip(d - med, -3 * mad, 3 * mad)
+        d -= d.mean()
+        L = d.shape[0]
+        pmax = min(self.season_max, L // 3)
+        if pmax < 3:
+            return
+        size = 1 << int(2 * L - 1).bit_length()
+        f = np.fft.rfft(d, size)
+        ac = np.fft.irfft(f * np.conj(f), size)[: pmax + 1]
+        if not ac[0] > 0:
+            return
+        ac = ac / ac[0] * L / (L - np.arange(pmax + 1))
+        lags = np.arange(3, pmax + 1)
+        vals = ac[3:]
+        best = float(vals.max())
+        p = int(lags[np.flatnonzero(vals >= best - 0.05)[0]])
+        if ac[p] < max(self.season_acf, 4.0 / math.sqrt(L - p)) or p == self._period:
+            return
+        # seasonal offsets: per-phase median of the linearly detrended recent values
+        w = self._window(n - (m // p) * p, n)
+        idx = np.arange(n - w.shape[0], n)
+        coef = np.polyfit(idx, w, 1)
+        r = w - np.polyval(coef, idx)
+        season = [0.0] * p
+        for j in range(p):
+            season[(int(idx[0]) + j) % p] = float(np.median(r[j::p]))
+        mean = sum(season) / p
+        self._season = [s - mean for s in season]
+        self._period = p
+
+    # -- input ---------------------------------------------------------------------
+    def update(self, x: float, *, t: float) -> None:
+        """Add the value ``x`` observed at time ``t`` (seconds)."""
+        x = _check_value(x)
+        t = _check_time(t, "t")
+        self._record(x, t)
+        n = self._n
+        if not self._started:
+            if n >= self.min_points:
+                self._start()
+            return
+        if self.season_max and n >= self._next_season:
+            self._next_season = n + self.season_every
+            self._season_check()
+        self._step(x, n - 1, n - 1 - self._seg >= self.min_points, t)
+
+    @property
+    def period(self) -> int | None:
+        """The learned period of the seasonal component (``None`` when none was found)."""
+        return self._period or None
+
+    @classmethod
+    def _conformance_warmup(cls) -> int:
+        return 4
