@@ -22,7 +22,100 @@ _PHIS = (0.0, 0.5, 0.8, 0.95, 1.0)  # candidate AR(1) coefficients of the deviat
 
 @register
 class ResidualCUSUM(ChangePointDetector):
-    """Two-sided CUSUMs of level and scale on the standardised forecast errors of a robust local model."""
+    """Two-sided CUSUMs of level and scale on the standardised one-step errors of a robust local model.
+
+    See the module docstring for the model, the tests and the figures. Every
+    change point is reported once (``change_detected`` on the update that
+    verifies it) with its onset, the first value of the new segment; its
+    ``kind`` is ``"fail_slow"`` when the level after the onset is above the
+    level before, ``"recovery"`` otherwise (the shared convention of
+    :class:`~vigil.detectors.bocd.ChangePointDetector`), and its evidence
+    holds ``statistic``: ``"level_up"``, ``"level_down"``, ``"scale_up"``
+    or ``"scale_down"``. Nothing is reported before ``min_points`` values.
+
+    Parameters
+    ----------
+    h, k : float
+        Threshold and allowance of the two level CUSUMs, in robust standard
+        deviations of the errors (> 0, >= 0).
+    clip : float
+        Errors enter the level CUSUMs clipped to ``+-clip`` (an outlier adds at most ``clip - k``).
+    clean : float
+        The model learns from values whose error is clipped to ``+-clean`` standard deviations.
+    h_scale, k_scale : float
+        Threshold and allowance of the two scale CUSUMs (the centred, clipped log of ``|error|``).
+    scale_clip : float
+        Upper clip of the log score of one error (an outlier counts as a moderately large error).
+    confirm : int
+        Values a candidate must last before it can be verified (>= 4) ...
+    confirm_frac : float
+        ... or this fraction of the segment it departs from, when that is shorter (never below 4).
+    level_min : float
+        A level change is sustained when the median error since its onset, and over the last
+        three values, is at least this many standard deviations.
+    scale_min : float
+        A scale change is sustained when the robust scale of the errors since its onset, and over
+        the last five values, moved by this factor (>= 1).
+    jump_min : float
+        In a persistent series (AR coefficient >= 0.8) a level change must also jump by this many
+        standard deviations at its onset: a random walk wanders, it does not jump.
+    refine : int
+        Values before the CUSUM's onset searched for the best two-line split (0: no refinement).
+    memory : int
+        Effective memory (values) of the local line and of the scale.
+    slope_ridge : float
+        Ridge on the slope (in squared steps): a young segment keeps the slope of the previous one.
+    ar_memory, ar_prior, ar_penalty : float
+        Memory and prior weight (values) of the AR(1) choice, and the penalty (in log-scale units
+        per unit of coefficient) that favours independence.
+    min_points : int
+        Values before the first test (>= 3).
+    inflation : float
+        Thresholds are multiplied by ``1 + inflation / w`` while the scale rests on ``w`` errors.
+    season_max, season_every, season_acf, season_gain : float
+        Longest period looked for (0: none), how often (values), the autocorrelation a period needs
+        and the gain of the seasonal offsets.
+    max_replay : int
+        Most values replayed into the model after a change (and the longest a candidate lives).
+
+    Examples
+    --------
+    Nanoseconds on a slow trend with a 24-step season and heavy-tailed noise, then a shift:
+
+    >>> import numpy as np
+    >>> rng = np.random.default_rng(7)
+    >>> i = np.arange(600)
+    >>> x = 1e-9 * (500 + 0.2 * i + 40 * np.sin(2 * np.pi * i / 24) + 8 * rng.standard_t(4, 600))
+    >>> x[350:] += 1e-9 * 100
+    >>> det = ResidualCUSUM()
+    >>> for t, v in enumerate(x):
+    ...     det.update(v, t=float(t))
+    ...     if det.change_detected:
+    ...         c = det.last_change
+    ...         print(t, c.evidence["onset_index"], c.evidence["statistic"])
+    361 350 level_up
+    >>> det.period
+    24
+
+    A random walk has no change point:
+
+    >>> det = ResidualCUSUM()
+    >>> for t, v in enumerate(np.cumsum(rng.standard_normal(2000))):
+    ...     det.update(v, t=float(t))
+    ...     assert not det.change_detected
+
+    References
+    ----------
+    E. S. Page, "Continuous inspection schemes", Biometrika 41, 1954 (CUSUM).
+    R. G. Brown, "Smoothing, Forecasting and Prediction of Discrete Time
+    Series", 1963 (discounted least squares). S. Gelper, R. Fried and C.
+    Croux, "Robust forecasting with exponential and Holt-Winters smoothing",
+    J. Forecasting 29, 2010 (cleaning by the forecast error). D. V. Hinkley,
+    "Inference about the change-point in a sequence of random variables",
+    Biometrika 57, 1970 (the onset that maximises the likelihood ratio).
+    G. J. J. van den Burg and C. K. I. Williams, "An Evaluation of Change
+    Point Detection Algorithms", arXiv:2003.06222, 2020 (the benchmark's metrics).
+    """
 
     name = "residual_cusum"
     version = "1"
@@ -69,6 +162,7 @@ class ResidualCUSUM(ChangePointDetector):
         self._lam = 1.0 - 1.0 / self.memory
         self._lam_ar = 1.0 - 1.0 / self.ar_memory
         self._z = [0.0] * self.history  # standardised errors, by index
+        self._dev = [0.0] * self.history  # cleaned deviations from the local line (seasonality included)
 
         self._started = False
         self._seg = 0  # first index of the current segment
@@ -203,6 +297,7 @@ class ResidualCUSUM(ChangePointDetector):
         ec = (cl if z > cl else (-cl if z < -cl else z)) * sig
         uc = u - e + ec  # deviation of the cleaned value from the structural forecast
         self._absorb(m - s + uc)
+        self._dev[i % self.history] = uc + s  # deviation of the cleaned value from the local line
         if per:
             self._season[i % per] += self.season_gain * uc
         up = self._u_prev
@@ -350,15 +445,23 @@ class ResidualCUSUM(ChangePointDetector):
         self._zero_cusums()
 
     def _season_check(self) -> None:
+        """Look for a period in the recent deviations from the local line (their ACF, by FFT).
+
+        A period ``p`` is a lag whose autocorrelation is at least ``season_acf``
+        (and 4 standard errors of a white-noise ACF), a local maximum, and rises
+        by ``season_acf`` above the lowest autocorrelation at a shorter lag: a
+        seasonal curve or a spike every ``p`` values swings, a random walk's or
+        an AR(1)'s autocorrelation only decays.
+        """
         n = self._n
-        m = min(n, self.history, 4 * self.season_max)
+        m = min(n - self._seg, self.history, 4 * self.season_max)
         if m < 12:
             return
-        v = self._window(n - m, n)
-        d = np.diff(v)
-        med = np.median(d)
-        mad = _MAD * float(np.median(np.abs(d - med))) + 1e-300
-        d = np.clip(d - med, -3 * mad, 3 * mad)
+        H = self.history
+        v = np.asarray([self._dev[j % H] for j in range(n - m, n)])
+        med = float(np.median(v))
+        mad = _MAD * float(np.median(np.abs(v - med))) + 1e-300
+        d = np.clip(v - med, -3 * mad, 3 * mad)
         d -= d.mean()
         L = d.shape[0]
         pmax = min(self.season_max, L // 3)
@@ -366,26 +469,29 @@ class ResidualCUSUM(ChangePointDetector):
             return
         size = 1 << int(2 * L - 1).bit_length()
         f = np.fft.rfft(d, size)
-        ac = np.fft.irfft(f * np.conj(f), size)[: pmax + 1]
+        ac = np.fft.irfft(f * np.conj(f), size)[: pmax + 2]
         if not ac[0] > 0:
             return
-        ac = ac / ac[0] * L / (L - np.arange(pmax + 1))
-        lags = np.arange(3, pmax + 1)
-        vals = ac[3:]
-        best = float(vals.max())
-        p = int(lags[np.flatnonzero(vals >= best - 0.05)[0]])
-        if ac[p] < max(self.season_acf, 4.0 / math.sqrt(L - p)) or p == self._period:
+        ac = ac / ac[0] * L / (L - np.arange(pmax + 2))
+        thr = max(self.season_acf, 4.0 / math.sqrt(L - pmax))
+        peaks = [p for p in range(3, pmax + 1)
+                 if ac[p] >= thr and ac[p] >= ac[p - 1] and ac[p] >= ac[p + 1]
+                 and ac[p] - float(ac[1:p].min()) >= self.season_acf]
+        if not peaks:
             return
-        # seasonal offsets: per-phase median of the linearly detrended recent values
-        w = self._window(n - (m // p) * p, n)
-        idx = np.arange(n - w.shape[0], n)
-        coef = np.polyfit(idx, w, 1)
-        r = w - np.polyval(coef, idx)
+        best = max(float(ac[p]) for p in peaks)
+        p = next(q for q in peaks if ac[q] >= best - 0.05)  # the shortest of the best (not a multiple)
+        if p == self._period:
+            return
+        # seasonal offsets: per-phase median of the deviations over the last whole cycles
+        k = (m // p) * p
+        idx = np.arange(n - k, n)
+        r = v[m - k:]
         season = [0.0] * p
         for j in range(p):
-            season[(int(idx[0]) + j) % p] = float(np.median(r[j::p]))
+            season[int(idx[j]) % p] = float(np.median(r[j::p]))
         mean = sum(season) / p
-        self._season = [s - mean for s in season]
+        self._season = [x - mean for x in season]
         self._period = p
 
     # -- input ---------------------------------------------------------------------
