@@ -16,7 +16,7 @@ def bench_detectors(
     traces: int = typer.Option(500, min=10, help="Labelled fail-slow traces per evaluation seed (half clean)."),
     tuning_seeds: str = typer.Option("0", help="Seeds the tuned detectors were tuned on (comma-separated); "
                                                "the references of the general section are tuned on them."),
-    evaluation_seeds: str = typer.Option("1,2", help="Seeds every figure is reported on (comma-separated), "
+    evaluation_seeds: str = typer.Option("2,3", help="Seeds every figure is reported on (comma-separated), "
                                                      "disjoint from the tuning seeds."),
     out_of_family: int = typer.Option(50, min=1, help="Out-of-family fail-slow cases per family and seed."),
     general: bool = typer.Option(True, help="Run the general change-point section (needs ruptures)."),
