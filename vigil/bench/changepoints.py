@@ -49,9 +49,10 @@ __all__ = ["MARGIN", "GRID_SIZE", "PENALTY_GRID", "HAZARD_GRID", "predict_stream
 #: F1 margin (points), as in the literature.
 MARGIN = 5
 #: Penalty multipliers ``beta`` (penalty ``beta * log n``) tried when tuning binseg and PELT.
-PENALTY_GRID = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0)
+PENALTY_GRID = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 20.0, 35.0, 60.0)
 #: Hazards tried when tuning BOCPD.
-HAZARD_GRID = (1 / 10, 1 / 30, 1 / 100, 1 / 300, 1 / 1000, 1 / 3000, 1 / 10000, 1 / 30000)
+HAZARD_GRID = (1 / 10, 1 / 30, 1 / 100, 1 / 300, 1 / 1000, 1 / 3000, 1 / 10000, 1 / 30000, 1 / 100000,
+               1 / 300000)
 GRID_SIZE = len(PENALTY_GRID)
 
 

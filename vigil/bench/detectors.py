@@ -370,7 +370,8 @@ def run(json_path: str | None = None, n_traces: int = 500, tuning_seeds: Sequenc
         row: dict[str, Any] = {"n": len(fc), "clean": all(tr.clean for tr in trs)}
         for name in detectors:
             m = evaluate(REGISTRY[name], trs, evs)
-            row[_label(name)] = {k: m[k] for k in ("accuracy", "accuracy_ci", "n_scored", "fpr", "fpr_ci",
+            row[_label(name)] = {k: m[k] for k in ("accuracy", "accuracy_ci", "accuracy_ignoring_recovery_alarms",
+                                                   "n_scored", "fpr", "fpr_ci",
                                                    "fnr_ge10", "fnr_ge10_ci", "false_alarms",
                                                    "false_recovery_alarms", "delay_median", "delay_n")}
         fl = evaluate(NeverAlarm, trs, evs)
