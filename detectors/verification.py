@@ -40,6 +40,20 @@ and makes the verification robust and sequential:
 A verified slowdown is a ``"fail_slow"`` change point, a verified speed-up a
 ``"recovery"``; ``finding`` holds the fail-slow in progress until a recovery
 brings the level back within ``min_rel_change`` of the level before it.
+
+:class:`ResidualCUSUMVerify` applies the same verification
+(:class:`FalconVerification`) to the candidates of the residual CUSUM
+(:mod:`vigil.detectors.residual_cusum`) instead of BOCD's: it is ready after
+``min_before + min_after`` values instead of BOCD's 30 of warm-up, follows
+trends and seasons, and calls a speed-up with no fail-slow in progress a
+``"speedup"``. On ``vigil bench detectors`` (1,000 traces of evaluation
+seeds 2 and 3): ``residual_cusum_verify`` accuracy 0.998, FPR 0.002 (one of
+500 clean traces), FNR 0.002 for >= 10 % slowdowns, median delay 4
+iterations for >= 20 %; ``bocd_verify`` accuracy 0.999 (one trace of 888
+wrong), FNR 0, delay 3 when recovery alarms are ignored, but accuracy 0.162
+when a "recovery" that is no recovery
+counts as a false positive: it reports one at the end of most warm-ups (see
+``bench/results/detectors.md``).
 """
 
 from __future__ import annotations
