@@ -27,7 +27,7 @@ def scripted(monkeypatch):
         truth = TRUTHS[state["k"] % len(TRUTHS)]
         state["k"] += 1
         its = [[{"truth": truth}] for _ in range(n_iters)]
-        return its, {"culprit": truth[0], "location": truth[1]}
+        return its, {"culprit": truth[0], "location": truth[1], "bubbles": False}
 
     monkeypatch.setattr(localization, "make_localization_case", make_case)
 
@@ -40,6 +40,7 @@ def scripted(monkeypatch):
         monkeypatch.setattr(localization, "localize_window", lambda its: verdict(window, its[-1][0]["truth"]))
         monkeypatch.setattr(localization, "localize", lambda it: verdict(single or window, it[0]["truth"]))
         monkeypatch.setattr(localization, "_median_records", lambda its: its[-1])
+        monkeypatch.setattr(localization, "replay_through_hooks", lambda its, marked=True: its)  # the records as given
         monkeypatch.setattr(localization, "falcon_localize", lambda it: verdict(falcon or window, it[0]["truth"]))
 
         class Online:
@@ -62,7 +63,8 @@ def test_perfect_localizer(scripted):
     r = localization.score_localizer(seed=0, n_cases=8, n_iters=4)
     assert r["accuracy"] == r["accuracy_online"] == r["accuracy_single_iteration"] == r["falcon_accuracy"] == 1.0
     assert r["by_class"] == {"link": 1.0, "none": 1.0, "stage": 1.0, "worker": 1.0}
-    assert r["cases_by_class"] == {"link": 2, "none": 2, "stage": 2, "worker": 2}
+    direct = r["sections"]["all_ranks"]["direct"]
+    assert {c: v["n"] for c, v in direct["by_class"].items()} == {"link": 2, "none": 2, "stage": 2, "worker": 2}
 
 
 def test_never_naming_a_culprit_scores_the_share_of_healthy_cases(scripted):
@@ -76,7 +78,7 @@ def test_right_class_wrong_location_is_wrong(scripted):
     scripted(lambda truth: (truth[0], "elsewhere") if truth[0] != "none" else truth)
     r = localization.score_localizer(seed=0, n_cases=8, n_iters=4)
     assert r["accuracy"] == 0.25
-    assert r["confusion"]["worker"] == {"worker@wrong_location": 2}
+    assert r["sections"]["all_ranks"]["direct"]["confusion"]["worker"] == {"worker@wrong_location": 2}
 
 
 @pytest.mark.parametrize("delay,expected", [(0, 1.0), (3, 1.0), (4, 0.0)])
