@@ -64,8 +64,9 @@ def stubs(tmp_path, monkeypatch):
 def decision(action: str, *, job: str | None = "1234", node: str | None = None, plan: dict | None = None,
              reason: str = "xid 79: fell off the bus") -> Decision:
     did = uuid.uuid4()
+    # (model_construct: the backends must refuse a bad name even in a model built without validation)
     return Decision(event_time=T0, decision_id=did, idempotency_key=str(did), action=action,
-                    target=Subject(job=job, node=node), reason=reason, plan=plan or {})
+                    target=Subject.model_construct(job=job, node=node), reason=reason, plan=plan or {})
 
 
 # -- Slurm ----------------------------------------------------------------------------------------------

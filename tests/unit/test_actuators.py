@@ -34,8 +34,9 @@ NODES = [f"n{i}" for i in range(10)]
 def decision(action: str, *, job: str | None = "job-1", node: str | None = None, plan: dict | None = None,
              key: str | None = None, at: datetime = T0, reason: str = "test") -> Decision:
     did = uuid.uuid4()
+    # (model_construct: the executor must refuse a bad name even in a model built without validation)
     return Decision(event_time=at, decision_id=did, idempotency_key=key or f"key-{did}", action=action,
-                    target=Subject(job=job, node=node), reason=reason, plan=plan or {})
+                    target=Subject.model_construct(job=job, node=node), reason=reason, plan=plan or {})
 
 
 class RecordingBackend(CommandBackend):
