@@ -31,6 +31,7 @@ from typing import Any
 from vigil.detectors import DetectorError
 from vigil.schemas import (
     TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, JobState, NodeState, decode,
+    topic_accepts,
 )
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine
@@ -69,7 +70,7 @@ class DetectStage:
 
     def on_message(self, place: Place, value: bytes | None, now: float, replay: bool = False) -> Detected:
         out = Detected()
-        message = decode(value)
+        message = decode(value, accept=topic_accepts(place.topic))  # a topic holds only its own event types
         if not replay:
             out.dead_letters += [dead_letter(err, place.topic, place.partition, place.offset, place.timestamp)
                                  for err in message.errors]

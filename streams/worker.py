@@ -34,7 +34,7 @@ from typing import Any, Callable
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, Consumer, KafkaError, KafkaException, Producer, \
     TopicPartition
 
-from vigil.schemas import Alert, Decision, DetectorFinding, Envelope, decode, encode, message_key
+from vigil.schemas import Alert, Decision, DetectorFinding, Envelope, decode, encode, message_key, topic_accepts
 from vigil.streams.config import StreamConfig
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine, EngineParams
@@ -132,7 +132,7 @@ class BroadcastReader:
                 continue
             _kind, stamp = msg.timestamp()
             live = stamp <= 0 or stamp / 1000.0 >= self.started_at - 1.0
-            out.extend((ev, live) for ev in decode(msg.value()).events)
+            out.extend((ev, live) for ev in decode(msg.value(), accept=topic_accepts(msg.topic())).events)
         return out
 
     def close(self) -> None:
