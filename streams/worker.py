@@ -143,9 +143,11 @@ class Worker:
     """One detection worker: a loop over one group consumer, the stages, a producer (see the module docstring)."""
 
     def __init__(self, config: StreamConfig, params: EngineParams | None = None, ready_file: Path | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, sign: Callable[[Decision], Decision] | None = None) -> None:
         self.config = config
         self.clock = clock
+        #: Signs each decision before it is published (:class:`vigil.schemas.signing.Keyring.sign`); None: unsigned.
+        self.sign = sign
         self.ready_file = ready_file
         self.plugins = load_plugins()
         params = params or config.engine
@@ -158,7 +160,10 @@ class Worker:
         self.correlate = CorrelateStage(correlator, decider)
         self.findings_topic = config.topic("finding")
         self.findings_tp = (self.findings_topic, 0)
-        self._producer = Producer({**config.kafka_conf(), "linger.ms": 1, "acks": "all", "log_level": 3})
+        # Idempotent: a retried send is not a second copy in the log (an actuator takes a second copy of a
+        # decision, read from another offset, for a replay and refuses it with an alert).
+        self._producer = Producer({**config.kafka_conf(), "linger.ms": 1, "acks": "all", "log_level": 3,
+                                   "enable.idempotence": True})
         self._consumer = Consumer({
             **config.kafka_conf(), "group.id": config.group_id, "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "session.timeout.ms": int(config.session_timeout_s * 1000),
@@ -251,6 +256,8 @@ class Worker:
     def _publish(self, events: list[Envelope]) -> None:
         for ev in events:
             etype = ev.event_type  # type: ignore[attr-defined]
+            if etype == "decision" and self.sign is not None:
+                ev = self.sign(ev)  # type: ignore[arg-type]  # actuators act only on signed decisions
             topic = self.config.topic(etype)
             key = ev.source_topic.encode() if etype == "dead_letter" else message_key(ev)  # type: ignore[attr-defined]
             self._producer.produce(topic, encode(ev), key=key)
@@ -343,8 +350,9 @@ class Worker:
             self._producer.flush(10.0)
 
 
-def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING") -> None:
-    """Run a detection worker until SIGINT/SIGTERM."""
+def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING",
+               sign: Callable[[Decision], Decision] | None = None) -> None:
+    """Run a detection worker until SIGINT/SIGTERM; ``sign`` signs the decisions it publishes."""
     import signal
 
     logging.basicConfig(level=getattr(logging, loglevel.upper(), logging.WARNING),
@@ -352,4 +360,7 @@ def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: s
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    Worker(config, ready_file=ready_file).run(stop)
+    if sign is None and config.decide:
+        log.warning("no decision signing key (VIGIL_DECISION_KEYS): decisions are published unsigned, "
+                    "and actuators refuse them")
+    Worker(config, ready_file=ready_file, sign=sign).run(stop)
