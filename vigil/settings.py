@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     @property
     def chdb_path(self) -> Path | None:
         dsn = self.resolved_clickhouse_dsn
-        return Path(dsn[len("chdb://"):]) if dsn.startswith("chdb://") else None
+        return Path(dsn[len("chdb://"):].split("?", 1)[0]) if dsn.startswith("chdb://") else None
 
     @property
     def resolved_clickhouse_dsn(self) -> str:
