@@ -228,7 +228,7 @@ class Subject(Frozen):
     node: str | None = name_field(None, "Node host name.")
     gpu: int | None = Field(None, ge=0, le=1023, description="GPU index on the node.")
     rank: int | None = Field(None, ge=0, le=INT64_MAX, description="Global rank.")
-    link: str | None = label_field(None, "Network link, e.g. node/mlx5_0:1.")
+    link: str | None = label_field(None, "Network link, e.g. node/mlx5_0:1.", max_length=1024)
 
 
 class Slowdown(Frozen):
@@ -299,7 +299,7 @@ class Decision(Envelope):
 
     event_type: Literal["decision"] = Field("decision", description="Event type tag.")
     decision_id: uuid.UUID = Field(description="Id of the decision; actuators are idempotent on it.")
-    idempotency_key: str = label_field(description="Key that makes a repeated decision a no-op.")
+    idempotency_key: str = label_field(max_length=1 << 20, description="Key that makes a repeated decision a no-op.")
     action: Literal[
         "retry_in_place", "restart_process", "reconfigure", "isolate_node",
         "rebalance_microbatches", "adjust_topology", "checkpoint_restart", "notify_human", "none",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from typing import Iterable
-from urllib.parse import parse_qsl, quote, quote_plus, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, quote_plus, urlsplit
 
 __all__ = ["MASK", "Redactor", "dsn_secrets", "redact_dsn"]
 
@@ -39,8 +39,10 @@ def redact_dsn(dsn: str) -> str:
         netloc = f"{user}:{MASK}@{host}" if colon else netloc
     query = _PARAM.sub(lambda m: m["head"] + MASK, parts.query)
     if netloc == parts.netloc and query == parts.query:
-        return dsn  # (urlunsplit would also drop the // of an empty host: chdb:///path)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+        return dsn
+    # (not urlunsplit: it drops the // of an empty host, chdb:///path)
+    head = f"{parts.scheme}://{netloc}" if "://" in dsn else f"{parts.scheme}:{netloc}"
+    return head + parts.path + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")
 
 
 def dsn_secrets(dsn: str | None) -> list[str]:

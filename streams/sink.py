@@ -68,6 +68,8 @@ class SinkStats:
     retries: int = 0
     #: Batches the fast path failed on with an error of the sink's own (they went the careful way).
     sink_errors: int = 0
+    #: Messages the broker could not deliver (an error in place of the message): dead-lettered.
+    consume_errors: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -257,8 +259,9 @@ class HistorySink:
     def _select(self, messages: list) -> tuple[list, dict[tuple[str, int], int]]:
         """The messages of the batch to store, and the offsets to commit after it.
 
-        Consume errors and end-of-partition marks are not messages; a replay
-        also leaves out the messages outside its time range.
+        End-of-partition marks and errors about a partition are not messages
+        (an error in place of a message is kept: it becomes a dead letter); a
+        replay also leaves out the messages outside its time range.
         """
         kept: list = []
         offsets: dict[tuple[str, int], int] = {}
@@ -266,9 +269,13 @@ class HistorySink:
             if msg.error():
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     self.at_end.add((msg.topic(), msg.partition()))
-                else:
-                    log.warning("consume error: %s", msg.error())
-                continue
+                    continue
+                log.warning("consume error: %s (%s/%s/%s)", msg.error(), msg.topic(), msg.partition(), msg.offset())
+                self.stats.consume_errors += 1
+                self.stats.errors.append(f"consume error: {msg.error()}"[:500])
+                if not msg.topic() or msg.offset() is None or msg.offset() < 0:
+                    continue  # about a partition or the connection, not a message
+                # A message the broker could not hand over (too large, corrupt): a dead letter for its place.
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             if self.until_ms is not None or self.since_ms is not None:
                 self.at_end.discard((topic, partition))
@@ -291,6 +298,10 @@ class HistorySink:
         """
         chunks: list[list] = [[]]
         size = total = 0
+        failed = [m for m in messages if m.error()]
+        if failed:  # (a consume error in place of a message: the careful way, one dead letter)
+            self._store_carefully(failed)
+            messages = [m for m in messages if not m.error()]
         for msg in messages:
             if size >= CHUNK_BYTES:
                 chunks.append([])
@@ -366,6 +377,12 @@ class HistorySink:
         for msg in messages:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             value, stamp = msg.value(), _timestamp(msg)
+            if msg.error():
+                err = DecodeError("consume_error", f"the broker did not deliver this message: {msg.error()}",
+                                  value or b"")
+                events.append(dead_letter(err, topic, partition, offset, stamp))
+                self.stats.dead_letters += 1
+                continue
             decoded = decode(value, accept=topic_accepts(topic))
             events.extend(decoded.events)
             alone = value if len(decoded.events) == 1 and not decoded.errors else None
