@@ -160,10 +160,7 @@ class Worker:
         self.correlate = CorrelateStage(correlator, decider)
         self.findings_topic = config.topic("finding")
         self.findings_tp = (self.findings_topic, 0)
-        # Idempotent: a retried send is not a second copy in the log (an actuator takes a second copy of a
-        # decision, read from another offset, for a replay and refuses it with an alert).
-        self._producer = Producer({**config.kafka_conf(), "linger.ms": 1, "acks": "all", "log_level": 3,
-                                   "enable.idempotence": True})
+        self._producer = Producer({**config.kafka_conf(), "linger.ms": 1, "acks": "all", "log_level": 3})
         self._consumer = Consumer({
             **config.kafka_conf(), "group.id": config.group_id, "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "session.timeout.ms": int(config.session_timeout_s * 1000),
