@@ -96,7 +96,6 @@ What it still gets wrong (same run):
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 

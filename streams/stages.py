@@ -32,7 +32,7 @@ from vigil.detectors import DetectorError
 from vigil.detectors.chain import RunChain
 from vigil.schemas import (
     JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, JobState, NodeState,
-    Subject, decode, to_seconds,
+    Subject, decode, to_seconds, topic_accepts,
 )
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine, detector_finding
@@ -71,7 +71,7 @@ class DetectStage:
 
     def on_message(self, place: Place, value: bytes | None, now: float, replay: bool = False) -> Detected:
         out = Detected()
-        message = decode(value)
+        message = decode(value, accept=topic_accepts(place.topic))  # a topic holds only its own event types
         if not replay:
             out.dead_letters += [dead_letter(err, place.topic, place.partition, place.offset, place.timestamp)
                                  for err in message.errors]

@@ -34,7 +34,9 @@ from typing import Any, Callable
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, Consumer, KafkaError, KafkaException, Producer, \
     TopicPartition
 
-from vigil.schemas import Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, encode, message_key
+from vigil.schemas import (
+    Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, encode, message_key, topic_accepts,
+)
 from vigil.streams.config import StreamConfig
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine, EngineParams
@@ -135,7 +137,7 @@ class BroadcastReader:
                 continue
             _kind, stamp = msg.timestamp()
             live = stamp <= 0 or stamp / 1000.0 >= self.started_at - 1.0
-            out.extend((ev, live) for ev in decode(msg.value()).events)
+            out.extend((ev, live) for ev in decode(msg.value(), accept=topic_accepts(msg.topic())).events)
         return out
 
     def close(self) -> None:
@@ -146,9 +148,11 @@ class Worker:
     """One detection worker: a loop over one group consumer, the stages, a producer (see the module docstring)."""
 
     def __init__(self, config: StreamConfig, params: EngineParams | None = None, ready_file: Path | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, sign: Callable[[Decision], Decision] | None = None) -> None:
         self.config = config
         self.clock = clock
+        #: Signs each decision before it is published (:class:`vigil.schemas.signing.Keyring.sign`); None: unsigned.
+        self.sign = sign
         self.ready_file = ready_file
         self.plugins = load_plugins()
         params = params or config.engine
@@ -254,6 +258,8 @@ class Worker:
     def _publish(self, events: list[Envelope]) -> None:
         for ev in events:
             etype = ev.event_type  # type: ignore[attr-defined]
+            if etype == "decision" and self.sign is not None:
+                ev = self.sign(ev)  # type: ignore[arg-type]  # actuators act only on signed decisions
             topic = self.config.topic(etype)
             key = ev.source_topic.encode() if etype == "dead_letter" else message_key(ev)  # type: ignore[attr-defined]
             self._producer.produce(topic, encode(ev), key=key)
@@ -348,8 +354,9 @@ class Worker:
             self._producer.flush(10.0)
 
 
-def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING") -> None:
-    """Run a detection worker until SIGINT/SIGTERM."""
+def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING",
+               sign: Callable[[Decision], Decision] | None = None) -> None:
+    """Run a detection worker until SIGINT/SIGTERM; ``sign`` signs the decisions it publishes."""
     import signal
 
     logging.basicConfig(level=getattr(logging, loglevel.upper(), logging.WARNING),
@@ -357,4 +364,7 @@ def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: s
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    Worker(config, ready_file=ready_file).run(stop)
+    if sign is None and config.decide:
+        log.warning("no decision signing key (VIGIL_DECISION_KEYS): decisions are published unsigned, "
+                    "and actuators refuse them")
+    Worker(config, ready_file=ready_file, sign=sign).run(stop)

@@ -33,7 +33,8 @@ from vigil.schemas import Alert, Decision, decode
 from vigil.streams.kafka import reader
 from vigil.broker import StackError, die_with_parent
 from vigil.settings import Settings
-from vigil.stack import EmbeddedStack, StackInfo, wait_for_file
+from vigil.secrets import private_dir, redact_dsn
+from vigil.stack import EmbeddedStack, StackInfo, ensure_stack_key, wait_for_file
 
 SCENARIO_S = 36.0
 FAIL_SLOWS = ("gpu_slow", "congestion")
@@ -78,6 +79,7 @@ class WorkerProcesses:
             "VIGIL_STATE_DIR": str(self.settings.state_dir),
             "VIGIL_TOPIC_PREFIX": self.settings.topic_prefix,
             "VIGIL_GROUP_ID": self.settings.group_id,
+            **ensure_stack_key(self.settings),  # the workers sign their decisions with this stack's key
         })
         log = open(self.log_path, "ab")
         for i in range(self.count):
@@ -160,7 +162,7 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
     started = time.time()
     run_id = uuid.uuid4().hex[:8]
     settings = _demo_settings(settings, run_id)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.state_dir)
     running = StackInfo.read(settings.stack_file)
     if running is not None:
         console.print(f"[red]error:[/red] another vigil demo runs from {settings.state_dir} (pid {running.pid}); "
@@ -177,7 +179,8 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
             except StackError as exc:
                 console.print(f"[red]error:[/red] {exc}")
                 return 1
-        console.print(f"[green]✓[/green] stack up: broker {stack.bootstrap}, history {settings.resolved_clickhouse_dsn}")
+        console.print(f"[green]✓[/green] stack up: broker {stack.bootstrap}, "
+                      f"history {redact_dsn(settings.resolved_clickhouse_dsn)}")
         assert stack.bootstrap is not None
         workers = WorkerProcesses(settings, stack.bootstrap, n_workers)
         with console.status(f"starting {n_workers} detection worker(s) and joining the consumer group..."):

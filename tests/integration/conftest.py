@@ -8,6 +8,7 @@ consumer groups and its own ClickHouse database.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,12 +18,22 @@ from pathlib import Path
 
 import pytest
 
+from vigil.schemas.signing import Keyring
 from vigil.streams.config import StreamConfig
 from vigil.streams.history import HistoryStore
 from vigil.streams.kafka import ensure_topics
 from vigil.broker import TansuBroker, find_tansu
 from vigil.stack import wait_for_file
 
+
+
+#: The decision key of every vigil process these tests start (workers sign with it, actuators check it):
+#: exported once, so that subprocesses inherit it. A test that wants other keys sets its own environment.
+DECISION_KEYS = {"integration": f"integration-tests-{uuid.uuid4().hex}"}
+os.environ.setdefault("VIGIL_DECISION_KEYS", json.dumps(DECISION_KEYS))
+#: What signs decisions the tests make up as if the decision engine had (when the environment's key is theirs).
+KEYRING = Keyring({k: v.encode() for k, v in json.loads(os.environ["VIGIL_DECISION_KEYS"]).items()},
+                  signing_key=next(iter(json.loads(os.environ["VIGIL_DECISION_KEYS"]))))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -45,12 +45,25 @@ def test_docker_compose_config_accepts_the_compose_file(tmp_path):
     assert out.returncode == 0, out.stderr
     config = json.loads(out.stdout)
     services = config["services"]
-    assert set(services) == {"kafka", "clickhouse", "vigil-history", "vigil-worker", "vigil-actuator", "grafana"}
+    assert set(services) == {"kafka", "kafka-acls", "clickhouse", "vigil-history", "vigil-worker", "vigil-actuator",
+                             "grafana"}
     kafka = services["kafka"]["environment"]
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    # Least privilege: every listener authenticates, an authorizer denies what no ACL allows.
+    assert set(kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].replace(",", ":").split(":")[1::2]) == {"SASL_PLAINTEXT"}
+    assert kafka["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert kafka["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    acls = services["kafka-acls"]["command"][0]
+    for role in ("agent", "worker", "actuator", "history"):
+        assert f"User:{role}" in acls and f'user_{role}="' in kafka["KAFKA_LISTENER_NAME_INTERNAL_PLAIN_SASL_JAAS_CONFIG"]
+    # agents write telemetry (and, with --actuate, actions); only workers write decisions
+    assert '--topic "$$T.telemetry." --resource-pattern-type prefixed' in acls
+    decision_writers = [line for line in acls.splitlines() if "Write" in line and "decisions" in line]
+    assert decision_writers and all("User:worker" in line for line in decision_writers)
     for name in ("vigil-history", "vigil-worker", "vigil-actuator"):
         env = services[name]["environment"]
         assert env["VIGIL_KAFKA_BOOTSTRAP"] == "kafka:9092"
+        assert env["VIGIL_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT" and env["VIGIL_KAFKA_SASL_USERNAME"]
         assert env["VIGIL_CLICKHOUSE_DSN"].startswith("http://") and env["VIGIL_CLICKHOUSE_DSN"].endswith("@clickhouse:8123")
     assert services["vigil-worker"]["deploy"]["replicas"] == 2
     assert services["grafana"]["environment"]["GF_INSTALL_PLUGINS"] == "grafana-clickhouse-datasource"

@@ -79,7 +79,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vigil.bench.cpscore import wilson
-from vigil.detectors.base import REGISTRY, Detector
+from vigil.detectors.base import REGISTRY
 import vigil.detectors.baselines  # noqa: F401  (registration)
 import vigil.detectors.verification  # noqa: F401  (registration)
 from vigil.sim.failslow_cases import OUT_OF_FAMILY, generate_cases

@@ -354,3 +354,31 @@ def bench_scenarios(
     console.print(table)
     console.print(f"{result['passed']}/{result['total']} passed, {result['false_pages']} false page(s), "
                   f"{result['missed']} missed, {result['wall_s']} s; written to {json_path}")
+
+
+@bench_app.command("fuzz")
+def bench_fuzz(
+    json_path: Path = typer.Option(Path("bench/results/fuzz.json"), "--json", help="Where to write the results."),
+    messages: int = typer.Option(20_000, min=100, help="Messages to produce."),
+    malformed: float = typer.Option(0.35, min=0.0, max=1.0, help="Share of the messages that are malformed."),
+    seed: int = typer.Option(0, help="Seed of the generator."),
+) -> None:
+    """Garbage and edge-case events through the real loop (broker, worker, history sink, chDB).
+
+    Every message must end stored once or dead-lettered once; the sink must never stall and the
+    worker never die. Writes {"messages", "stored", "dead_lettered", "lost", "duplicated",
+    "sink_stalls", "worker_restarts", "wall_s"} (and a detail) as JSON; takes a few minutes.
+    """
+    require_server("bench fuzz")
+    from vigil.bench.fuzz import run
+
+    with console.status("starting...") as status:
+        result = run(str(json_path), messages=messages, malformed=malformed, seed=seed,
+                     progress=lambda what: status.update(what + "..."))
+    print_table(("messages", "stored", "dead-lettered", "lost", "duplicated", "sink stalls", "worker restarts", "wall s"),
+                [tuple(str(result[k]) for k in ("messages", "stored", "dead_lettered", "lost", "duplicated",
+                                                "sink_stalls", "worker_restarts", "wall_s"))])
+    console.print(f"malformed: {result['detail']['malformed_messages']:,} "
+                  f"({result['detail']['malformed_share']:.0%}); written to {json_path}")
+    if result["lost"] or result["duplicated"] or result["sink_stalls"]:
+        fail("messages were lost, duplicated or stalled the sink (see the JSON's detail)")

@@ -24,7 +24,8 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
     it stops everything it started.
     """
     from vigil.broker import StackError
-    from vigil.stack import EmbeddedStack
+    from vigil.secrets import redact_dsn
+    from vigil.stack import EMBEDDED_BROKER_WARNING, EmbeddedStack, ensure_stack_key
 
     require_server("up")
     settings = load_settings()
@@ -32,16 +33,28 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
     stack = EmbeddedStack(settings, port=port)
     try:
         stack.start()
+        ensure_stack_key(settings)
     except (StackError, KeyboardInterrupt) as exc:
         fail(str(exc) or "interrupted")
     try:
         console.print(f"[green]vigil stack up[/green] (pid {os.getpid()})")
         console.print(f"  broker      {stack.bootstrap}   (export VIGIL_KAFKA_BOOTSTRAP={stack.bootstrap} for other tools)")
-        console.print(f"  history     {settings.resolved_clickhouse_dsn}  (database {settings.clickhouse_database})")
+        console.print(f"  history     {redact_dsn(settings.resolved_clickhouse_dsn)}  (database {settings.clickhouse_database})")
         console.print(f"  topics      {settings.topic_prefix}.*")
+        keys = ("VIGIL_DECISION_KEYS" if settings.decision_keys
+                else f"this stack's, in {settings.stack_key_file} (workers and actuators in this state directory use it)")
+        console.print(f"  decisions   signed with {keys}")
         console.print("  next        vigil worker  |  vigil tail alerts  |  vigil sql \"SELECT ...\"")
+        if stack.broker is not None:
+            err_console.print(f"[yellow]warning:[/yellow] {EMBEDDED_BROKER_WARNING}")
         console.print("Ctrl-C to stop.")
+        restarts = 0
         while not (problem := stack.failure()):
+            if stack.broker_restarts != restarts:
+                restarts = stack.broker_restarts
+                err_console.print(f"[yellow]warning:[/yellow] the embedded broker died and was started again on "
+                                  f"{stack.bootstrap} (restart {restarts}); unconsumed events and committed offsets "
+                                  f"were lost; recorded as a {settings.topic_prefix}.alerts incident")
             time.sleep(0.5)
         err_console.print(f"[red]error:[/red] {problem}; stopping the stack")
         code = 1
@@ -75,9 +88,11 @@ def worker(
     settings = load_settings()
     try:
         bootstrap = resolve_bootstrap(settings)
-    except StackError as exc:
+        keyring = settings.decision_keyring()
+    except (StackError, ValueError) as exc:
         fail(str(exc))
-    run_worker(stream_config(settings, bootstrap), ready_file=ready_file, loglevel=log_level)
+    run_worker(stream_config(settings, bootstrap), ready_file=ready_file, loglevel=log_level,
+               sign=keyring.sign if keyring.can_sign else None)
 
 
 @app.command()
@@ -112,6 +127,11 @@ def sql(
     alerts, heartbeats, iterations, xid_errors, nic_counters, gpu_telemetry,
     process_exits, training_exceptions, job_states, node_states, decisions,
     actions, dead_letters.
+
+    Read-only: one SELECT, WITH, SHOW, DESCRIBE, EXPLAIN or EXISTS statement,
+    in ClickHouse's read-only mode; no table function that reaches files,
+    URLs or other servers. Through a running stack it sends the stack's
+    query token (from its stack.json).
     """
     from vigil.streams.history import HistoryError
     from vigil.stack import open_history
@@ -120,7 +140,7 @@ def sql(
     settings = load_settings()
     try:
         history = open_history(settings)
-        result = history.query(query)
+        result = history.query_read_only(query)
     except HistoryError as exc:
         _query_error(query, str(exc))
     if fmt == "json":
@@ -256,6 +276,8 @@ def migrate() -> None:
     from vigil.streams.history import HistoryError, HistoryStore
 
     require_server("migrate")
+    from vigil.secrets import redact_dsn
+
     settings = load_settings()
     try:
         store = HistoryStore(settings.resolved_clickhouse_dsn, settings.clickhouse_database)
@@ -264,7 +286,7 @@ def migrate() -> None:
         fail(str(exc))
     for line in done:
         console.print(f"  {line}")
-    console.print(f"history tables ready in {settings.resolved_clickhouse_dsn} ({settings.clickhouse_database})"
+    console.print(f"history tables ready in {redact_dsn(settings.resolved_clickhouse_dsn)} ({settings.clickhouse_database})"
                   + ("" if done else ": nothing to change"))
 
 
@@ -300,8 +322,15 @@ def replay(
     from vigil.streams.replay import replay as run_replay
 
     require_server("replay")
+    from vigil.streams.history import check_identifier
+
     settings = load_settings()
     t0, t1 = _parse_time(since, "--from"), _parse_time(until, "--to")
+    if database is not None:
+        try:
+            check_identifier(database)
+        except HistoryError as exc:
+            fail(f"--database: {exc}", 2)
     try:
         config = stream_config(settings, resolve_bootstrap(settings))
         store = HistoryStore(settings.resolved_clickhouse_dsn, database or settings.clickhouse_database)

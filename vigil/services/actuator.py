@@ -181,7 +181,8 @@ class ActuatorService:
                         continue
                     self.busy = True
                     try:
-                        self.executor.handle(event, self.clock(), emit=self.publish)
+                        self.executor.handle(event, self.clock(), emit=self.publish,
+                                             origin=f"{topic}/{partition}/{offset}")
                     except (sqlite3.Error, ActuatorError):
                         raise  # the ledger is unusable (or inconsistent): stop, uncommitted, and say so
                     except Exception as exc:  # a bug on one decision must not stop every later one
@@ -255,7 +256,8 @@ class AgentActuator:
                  max_age_s: float | None = 600.0, group_id: str | None = None, session_timeout_s: float = 6.0,
                  heartbeat_interval_s: float = 1.0, ready_file: Path | None = None,
                  on_give_up: Callable[[str], None] | None = None, backoff_s: float = 1.0,
-                 backoff_max_s: float = 60.0, on_restart: Callable[[int, str], Any] | None = None) -> None:
+                 backoff_max_s: float = 60.0, on_restart: Callable[[int, str], Any] | None = None,
+                 keyring: Any = None) -> None:
         from vigil.actuators.inventory import Inventory
         from vigil.actuators.ledger import Ledger
         from vigil.actuators.safety import Safety, SafetyLimits
@@ -267,9 +269,14 @@ class AgentActuator:
         backend = LocalBackend(self.control, control_dir, node=node, checkpoint_wait_s=checkpoint_wait_s)
         progress = getattr(batcher, "highest_step", None)
         self.ledger = Ledger(ledger_path, now=to_seconds(utcnow()))
+        if keyring is None:  # the decision keys of the agent's settings (VIGIL_DECISION_KEYS, or its stack's)
+            from vigil.settings import Settings
+
+            keyring = Settings().decision_keyring()
         self.executor = Executor(backend, self.ledger, Inventory(nodes=[node], jobs=[job]),
                                  Safety(limits or SafetyLimits(), progress=progress), dry_run=dry_run,
-                                 source=Source(cluster=cluster, node=node), max_age_s=max_age_s, clock=utcnow)
+                                 source=Source(cluster=cluster, node=node), max_age_s=max_age_s,
+                                 actions=LocalBackend.supports, clock=utcnow, keyring=keyring)
         self.service = ActuatorService(self.executor, kafka_conf, prefix,
                                        group_id=group_id or f"{prefix}-agent-actuator-{node}-{job}",
                                        filter_jobs=[job], ready_file=ready_file, session_timeout_s=session_timeout_s,
