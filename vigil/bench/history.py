@@ -26,7 +26,6 @@ a shared machine makes these figures noisy.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 import time
