@@ -146,8 +146,9 @@ def bench_planners(
     random-fit and packing divided by the exact placement's, over
     QUALITY_SEEDS clusters (Arnold reports up to 1.67x). Writes JSON with
     microbatch_512_ms, waf_100jobs_10k_ms, placement_512of1024_ms,
-    placement_spread_vs_best_baseline and a detail section (sweeps, per-seed
-    quality, machine), and prints a table.
+    placement_spread_vs_best_baseline, command (this command line, every
+    option spelled out) and a detail section (sweeps, per-seed quality, the
+    machine and its load average before and after), and prints a table.
     """
     require_server("bench planners")
     from vigil.bench.planners import format_table, run
@@ -173,7 +174,9 @@ def bench_history(
     decisions and action results) is generated inside ClickHouse with INSERT
     ... SELECT FROM numbers(), in a temporary chDB directory; at the defaults
     it takes several minutes and a few GB of disk. Writes JSON
-    {"insert_rows_per_s", "queries": {NAME: seconds}, ...} and prints a table.
+    {"insert_rows_per_s", "queries": {NAME: seconds}, "command", ...} (command:
+    this command line, every option spelled out; the machine's load average
+    before and after in detail.machine) and prints a table.
     """
     require_server("bench history")
     from vigil.bench.history import format_table, run
@@ -218,9 +221,11 @@ def bench_policies(
     figure (not a bound).
 
     Writes JSON (policies: accumulated_waf, ettr_mean, failslow_slowdown_pct;
-    failslow_mitigated_pct; wall_s; targets; detail), a markdown summary and
-    a PNG plot of WAF over time next to it, and prints a table. Deterministic
-    for a seed.
+    failslow_mitigated_pct; wall_s; targets; command: this command line, every
+    option spelled out; detail, with the machine's load average before and
+    after), a markdown summary that names the command and a PNG plot of WAF
+    over time next to it, and prints a table. Deterministic for a seed (the
+    wall times aside).
     """
     require_server("bench policies")
     from vigil.bench.policies import format_table, run
