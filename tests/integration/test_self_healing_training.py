@@ -28,7 +28,7 @@ from vigil.producers.publisher import Publisher
 from vigil.schemas import ActionResult, Alert, Decision, decode
 from vigil.streams.kafka import reader
 from tests.integration.conftest import WorkerProcess, wait_for
-from vigil.bench.hooks import _free_port
+from vigil.bench.hooks_workload import _free_port
 
 pytest.importorskip("torch")
 
