@@ -47,7 +47,7 @@ def agent(
     disk: Optional[List[Path]] = typer.Option(None, help="Watch space and inodes of this path, e.g. checkpoint storage (repeatable)."),
     log_stale: Optional[List[str]] = typer.Option(None, help="PATH:SECONDS - a training log that must be written at least that often (repeatable)."),
     job_liveness: bool = typer.Option(False, help="Ask the scheduler (squeue) that --job is running or queued."),
-    no_gpu: bool = typer.Option(False, help="Do not start the NVML collectors (nor check the GPUs on joining)."),
+    no_gpu: bool = typer.Option(False, "--no-gpu", help="Do not start the NVML collectors (nor check the GPUs on joining)."),
     hooks_socket: Optional[Path] = typer.Option(
         None, help="Unix socket the training hooks send to (default: VIGIL_HOOKS_SOCKET, else /tmp/vigil-hooks.sock, "
         "the hooks' default too)."),

@@ -42,7 +42,7 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
         console.print(f"  history     {redact_dsn(settings.resolved_clickhouse_dsn)}  (database {settings.clickhouse_database})")
         console.print(f"  topics      {settings.topic_prefix}.*")
         keys = ("VIGIL_DECISION_KEYS" if settings.decision_keys
-                else f"this stack's, in {settings.stack_key_file} (workers and actuators in this state directory use it)")
+                else f"this stack's key, in {settings.stack_key_file} (workers and actuators in this state directory use it)")
         console.print(f"  decisions   signed with {keys}")
         console.print("  next        vigil worker  |  vigil tail alerts  |  vigil sql \"SELECT ...\"")
         if stack.broker is not None:
@@ -123,10 +123,13 @@ def sql(
 ) -> None:
     """Run SQL against the history (through the running stack when it owns the chDB directory).
 
-    Tables live in the database VIGIL_CLICKHOUSE_DATABASE (default vigil):
-    alerts, heartbeats, iterations, xid_errors, nic_counters, gpu_telemetry,
-    process_exits, training_exceptions, job_states, node_states, decisions,
-    actions, dead_letters.
+    Tables live in the database VIGIL_CLICKHOUSE_DATABASE (default vigil),
+    one per event type: iterations, iteration_steps, collectives,
+    checkpoints, xid_errors, nic_counters, gpu_telemetry, heartbeats,
+    process_exits, training_exceptions, flight_recorder_dumps, job_states,
+    node_states, agent_health, events_dropped, watchdog_reports, findings,
+    alerts, decisions, actions, dead_letters; the views of the SQL cookbook
+    (incidents, ettr, run_ettr, mttf_by_size, lemon_nodes, ...) on top.
 
     Read-only: one SELECT, WITH, SHOW, DESCRIBE, EXPLAIN or EXISTS statement,
     in ClickHouse's read-only mode; no table function that reaches files,

@@ -99,6 +99,8 @@ class AgentOptions:
 
 #: How often the agent compares the time left with the grace a save needs.
 WALLTIME_TICK_S = 1.0
+#: An early-warning signal this close to a known end time warns of the time limit (else of a preemption).
+WARNING_WINDOW_S = 3600.0
 
 
 def first_host(nodelist: str) -> str:
@@ -255,8 +257,12 @@ class NodeAgent:
         import time
 
         if signum == self._warn_signal():
-            left = self.deadline - time.time() if self.deadline is not None else self._grace()
-            self._leave("preempted", f"{signal.Signals(signum).name}: the scheduler's early warning", left)
+            now = time.time()
+            left = self.deadline - now if self.deadline is not None else self._grace()
+            # Slurm's --signal=SIG@T warns T seconds before the time limit: with the end known and near, that is
+            # what it is; otherwise a preemption notice
+            how = "time_limit" if self.deadline is not None and left <= WARNING_WINDOW_S else "preempted"
+            self._leave(how, f"{signal.Signals(signum).name}: the scheduler's early warning", left)
             return
         first = self.signal is None and not self.stop_event.is_set()
         if first:
