@@ -18,10 +18,10 @@ from vigil.bench.scenarios import FAST, run_scenario
 def test_scenario(name, kafka_bootstrap, tmp_path):
     result = run_scenario(name, kafka_bootstrap, tmp_path)
     observed = result["observed"]
-    assert "error" not in observed, observed.get("trace")
+    assert "error" not in observed, (observed.get("trace"), observed.get("logs"))
     assert result["false_pages"] == 0, observed["pages"] + observed["decisions"]
     for requirement, ok in observed["requirements"].items():
         if requirement.endswith("_in_time"):
             assert observed.get(requirement) is not None, (requirement, observed.get("timeline"))
         else:
-            assert ok, (requirement, observed.get(requirement), observed.get("timeline"))
+            assert ok, (requirement, observed.get(requirement), observed.get("timeline"), observed.get("logs"))

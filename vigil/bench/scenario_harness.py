@@ -61,6 +61,10 @@ class Scene:
     prefix: str = field(default_factory=lambda: f"scn-{uuid.uuid4().hex[:8]}")
     processes: list[subprocess.Popen] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)  # ranks left behind by a killed agent
+    logs: list[Path] = field(default_factory=list)  # the logs of what it started, for a failed scenario's report
+
+    def log_tails(self, chars: int = 2000) -> dict[str, str]:
+        return {str(p.relative_to(self.root)): p.read_text(errors="replace")[-chars:] for p in self.logs if p.exists()}
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "VIGIL_KAFKA_BOOTSTRAP": self.bootstrap, "VIGIL_TOPIC_PREFIX": self.prefix,
@@ -84,6 +88,7 @@ class WorkerProcess:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ready = self.dir / "ready"
         self.log = self.dir / "worker.log"
+        scene.logs.append(self.log)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker", "--ready-file", str(self.ready),
                                           "--log-level", "INFO"], env=scene.env(VIGIL_STATE_DIR=str(self.dir), **(env or {})),
@@ -107,6 +112,7 @@ class AgentProcess:
         (self.dir / "progress").mkdir()
         (self.dir / "nic").mkdir()
         self.log = self.dir / "agent.log"
+        scene.logs.append(self.log)
         kmsg = self.dir / "kmsg"
         kmsg.touch()
         argv = [sys.executable, "-m", "vigil.cli", "agent", "--node", node, "--no-gpu", "--kmsg", str(kmsg),

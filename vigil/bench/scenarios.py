@@ -463,6 +463,8 @@ def run_scenario(name: str, bootstrap: str, root: Path) -> dict[str, Any]:
         scene.close()
         if own is not None:
             own.stop()
+    if not out["passed"]:  # what the processes said, for whoever reads the failure
+        out["observed"]["logs"] = scene.log_tails()
     out["wall_s"] = round(time.monotonic() - started, 1)
     return out
 
