@@ -68,6 +68,9 @@ class NodeBatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if len(os.fsencode(self.path)) >= 108:  # the kernel's sun_path limit; say which path, not "path too long"
+            raise ValueError(f"hooks socket path {self.path} is too long for a Unix socket (max 107 bytes): "
+                             "give a shorter --hooks-socket / VIGIL_HOOKS_SOCKET")
         try:
             self.path.unlink()
         except FileNotFoundError:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -62,6 +64,8 @@ class Scene:
     processes: list[subprocess.Popen] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)  # ranks left behind by a killed agent
     logs: list[Path] = field(default_factory=list)  # the logs of what it started, for a failed scenario's report
+    #: Unix socket paths must stay under 108 bytes: a deep pytest folder does not, so sockets live here
+    sockets: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vgs-", dir="/tmp")))
 
     def log_tails(self, chars: int = 2000) -> dict[str, str]:
         return {str(p.relative_to(self.root)): p.read_text(errors="replace")[-chars:] for p in self.logs if p.exists()}
@@ -78,6 +82,7 @@ class Scene:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 class WorkerProcess:
@@ -109,6 +114,8 @@ class AgentProcess:
         self.node, self.job = node, job
         self.dir = scene.root / f"agent-{node}-{job or 'daemon'}-{uuid.uuid4().hex[:4]}"
         self.dir.mkdir(parents=True)
+        sockets = scene.sockets / self.dir.name
+        sockets.mkdir()
         (self.dir / "progress").mkdir()
         (self.dir / "nic").mkdir()
         self.log = self.dir / "agent.log"
@@ -116,8 +123,8 @@ class AgentProcess:
         kmsg = self.dir / "kmsg"
         kmsg.touch()
         argv = [sys.executable, "-m", "vigil.cli", "agent", "--node", node, "--no-gpu", "--kmsg", str(kmsg),
-                "--nic-root", str(self.dir / "nic"), "--hooks-socket", str(self.dir / "hooks.sock"),
-                "--control-dir", str(self.dir / "ctl"), "--log-level", "INFO", *extra]
+                "--nic-root", str(self.dir / "nic"), "--hooks-socket", str(sockets / "hooks.sock"),
+                "--control-dir", str(sockets / "ctl"), "--log-level", "INFO", *extra]
         if job is not None:
             assert spec is not None
             spec = {**spec, "progress": str(self.dir / "progress")}
