@@ -85,9 +85,45 @@ def test_grafana_provisions_the_clickhouse_datasource_the_dashboard_uses():
     provider = yaml.safe_load((INFRA / "grafana/provisioning/dashboards/vigil.yaml").read_text())["providers"][0]
     assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
     dashboard = json.loads((INFRA / "grafana/dashboards/vigil.json").read_text())
-    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    history = [p for p in dashboard["panels"] if p.get("datasource", {}).get("type") == ds["type"]]
+    titles = " ".join(p["title"] for p in history).lower()
     for topic in ("incidents", "ettr", "mttf", "lemon", "fail-slow"):
         assert topic in titles, topic
-    for panel in dashboard["panels"]:
+    for panel in history:
         assert panel["datasource"]["uid"] == ds["uid"]
         assert panel["targets"][0]["rawSql"].strip()
+
+
+def test_grafana_has_a_vigil_health_row_on_a_prometheus_datasource_variable_with_the_metrics_vigil_serves():
+    """The row's panels query a Prometheus picked by a datasource variable, and every metric their PromQL
+    names is one vigil defines (vigil.streams.metrics.METRIC_NAMES), so a renamed metric fails here."""
+    import re
+
+    from vigil.streams.metrics import METRIC_NAMES
+
+    dashboard = json.loads((INFRA / "grafana/dashboards/vigil.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["prometheus"]["type"] == "datasource" and variables["prometheus"]["query"] == "prometheus"
+    panels = dashboard["panels"]
+    [row] = [i for i, p in enumerate(panels) if p["type"] == "row"]
+    assert panels[row]["title"] == "vigil's own health"
+    health = panels[row + 1:]
+    assert health and all(p["gridPos"]["y"] > panels[row]["gridPos"]["y"] for p in health)
+    assert all(p["gridPos"]["y"] + p["gridPos"]["h"] <= panels[row]["gridPos"]["y"] for p in panels[:row])
+    assert len({p["id"] for p in panels}) == len(panels)
+    used: set[str] = set()
+    for panel in health:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${prometheus}"}, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == panel["datasource"] and target["expr"].strip()
+            for name in re.findall(r"\b(vigil_[a-z_]+)", target["expr"]):
+                base = re.sub(r"_(bucket|count|sum)$", "", name)
+                assert base in METRIC_NAMES, (panel["title"], name)
+                used.add(base)
+    # what issue 21 asks the row to show
+    for wanted in ("vigil_events_consumed_total", "vigil_consumer_lag_messages", "vigil_dead_letters_total",
+                   "vigil_decode_errors_total", "vigil_detector_update_seconds", "vigil_alerts_total",
+                   "vigil_open_incidents", "vigil_decisions_total", "vigil_actions_total",
+                   "vigil_sink_rows_inserted_total", "vigil_sink_retries_total", "vigil_publisher_spool_bytes",
+                   "vigil_publisher_failures_total"):
+        assert wanted in used, wanted
