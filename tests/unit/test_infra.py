@@ -46,7 +46,7 @@ def test_docker_compose_config_accepts_the_compose_file(tmp_path):
     config = json.loads(out.stdout)
     services = config["services"]
     assert set(services) == {"kafka", "kafka-acls", "clickhouse", "vigil-history", "vigil-worker", "vigil-actuator",
-                             "grafana"}
+                             "grafana", "prometheus"}
     kafka = services["kafka"]["environment"]
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
     # Least privilege: every listener authenticates, an authorizer denies what no ACL allows.
@@ -65,9 +65,16 @@ def test_docker_compose_config_accepts_the_compose_file(tmp_path):
         assert env["VIGIL_KAFKA_BOOTSTRAP"] == "kafka:9092"
         assert env["VIGIL_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT" and env["VIGIL_KAFKA_SASL_USERNAME"]
         assert env["VIGIL_CLICKHOUSE_DSN"].startswith("http://") and env["VIGIL_CLICKHOUSE_DSN"].endswith("@clickhouse:8123")
+        # /metrics on the compose network, where the prometheus service scrapes it
+        assert (env["VIGIL_METRICS_HOST"], env["VIGIL_METRICS_PORT"]) == ("0.0.0.0", "9464")
     assert services["vigil-worker"]["deploy"]["replicas"] == 2
     assert services["grafana"]["environment"]["GF_INSTALL_PLUGINS"] == "grafana-clickhouse-datasource"
     assert any(v["target"] == "/etc/grafana/provisioning" for v in services["grafana"]["volumes"])
+    scrape = yaml.safe_load((INFRA / "prometheus/prometheus.yml").read_text())["scrape_configs"][0]
+    [sd] = scrape["dns_sd_configs"]
+    assert set(sd["names"]) == {"vigil-history", "vigil-worker", "vigil-actuator"} and sd["port"] == 9464
+    assert any(v["target"] == "/etc/prometheus/prometheus.yml"
+               and v["source"].endswith("infra/prometheus/prometheus.yml") for v in services["prometheus"]["volumes"])
 
 
 def test_docker_compose_config_rejects_a_broken_file(tmp_path):
@@ -81,6 +88,9 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path):
 
 def test_grafana_provisions_the_clickhouse_datasource_the_dashboard_uses():
     ds = yaml.safe_load((INFRA / "grafana/provisioning/datasources/clickhouse.yaml").read_text())["datasources"][0]
+    prometheus = yaml.safe_load((INFRA / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+    [prom] = prometheus["datasources"]
+    assert prom["type"] == "prometheus" and prom["url"] == "http://prometheus:9090" and not prom["isDefault"]
     assert ds["type"] == "grafana-clickhouse-datasource" and ds["jsonData"]["defaultDatabase"] == "vigil"
     provider = yaml.safe_load((INFRA / "grafana/provisioning/dashboards/vigil.yaml").read_text())["providers"][0]
     assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
