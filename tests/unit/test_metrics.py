@@ -251,3 +251,15 @@ def test_every_long_running_command_takes_metrics_options():
         out = CliRunner().invoke(app, [*cmd, "--help"], terminal_width=200).output
         assert "--metrics-port" in out and "--metrics-host" in out, cmd
 
+
+
+def test_the_readme_lists_exactly_the_metrics_vigil_defines():
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("**Prometheus scrapes vigil.**"):readme.index("**vigil reads your exporters**")]
+    named = {re.sub(r"_(bucket|count|sum)$", "", n) for n in re.findall(r"\b(vigil_[a-z_]+)", section)}
+    assert named == set(m.METRIC_NAMES)
+    for component, port in METRICS_PORTS.items():
+        assert f"| {port} |" in section, component
