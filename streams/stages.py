@@ -68,10 +68,13 @@ class DetectStage:
         self.key_of_topic = key_of_topic  # topic name -> "job" | "node"
         #: (topic, partition) -> (nodes, jobs) it carried
         self.subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
+        #: topic -> events decoded from it (read by the worker's /metrics when scraped)
+        self.events_in: dict[str, int] = {}
 
     def on_message(self, place: Place, value: bytes | None, now: float, replay: bool = False) -> Detected:
         out = Detected()
         message = decode(value, accept=topic_accepts(place.topic))  # a topic holds only its own event types
+        self.events_in[place.topic] = self.events_in.get(place.topic, 0) + len(message.events)
         if not replay:
             out.dead_letters += [dead_letter(err, place.topic, place.partition, place.offset, place.timestamp)
                                  for err in message.errors]

@@ -147,6 +147,9 @@ class BroadcastReader:
 class Worker:
     """One detection worker: a loop over one group consumer, the stages, a producer (see the module docstring)."""
 
+    #: Counts what it publishes for /metrics (:class:`vigil.streams.metrics.PublishCounters`); None: nothing.
+    metrics: Any = None
+
     def __init__(self, config: StreamConfig, params: EngineParams | None = None, ready_file: Path | None = None,
                  clock: Callable[[], float] = time.time, sign: Callable[[Decision], Decision] | None = None) -> None:
         self.config = config
@@ -267,6 +270,8 @@ class Worker:
                 self._log(ev)
         if events:
             self._producer.poll(0)
+            if self.metrics is not None:
+                self.metrics.count(events)
 
     @staticmethod
     def _log(ev: Envelope) -> None:
@@ -355,8 +360,9 @@ class Worker:
 
 
 def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING",
-               sign: Callable[[Decision], Decision] | None = None) -> None:
-    """Run a detection worker until SIGINT/SIGTERM; ``sign`` signs the decisions it publishes."""
+               sign: Callable[[Decision], Decision] | None = None, metrics: Any = None) -> None:
+    """Run a detection worker until SIGINT/SIGTERM; ``sign`` signs the decisions it publishes; ``metrics``
+    (a :class:`vigil.streams.metrics.WorkerMetrics`, already serving) watches it."""
     import signal
 
     logging.basicConfig(level=getattr(logging, loglevel.upper(), logging.WARNING),
@@ -367,4 +373,9 @@ def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: s
     if sign is None and config.decide:
         log.warning("no decision signing key (VIGIL_DECISION_KEYS): decisions are published unsigned, "
                     "and actuators refuse them")
-    Worker(config, ready_file=ready_file, sign=sign).run(stop)
+    if metrics is not None:
+        config = metrics.instrument(config)  # its detectors timed (a sample of them)
+    worker = Worker(config, ready_file=ready_file, sign=sign)
+    if metrics is not None:
+        metrics.watch(worker, stop)
+    worker.run(stop)

@@ -19,6 +19,13 @@ from vigil.schemas.signing import Keyring
 from vigil.streams.config import StreamConfig
 
 
+#: Where each long-running process serves /metrics unless ``--metrics-port`` or ``VIGIL_METRICS_PORT``
+#: says otherwise: a port of its own, so that all of them can run on one host (a laptop, a bare-metal
+#: node with its agent). In Kubernetes every pod uses the manifests' one port (9464, named ``metrics``).
+METRICS_PORTS: dict[str, int] = {"worker": 9464, "history": 9465, "agent": 9466, "actuator": 9467, "notify": 9468,
+                                 "scrape": 9469}
+
+
 def _default(owner: Any, name: str) -> Any:
     """The default of ``name`` in its one home: a dataclass field of ``owner``."""
     f = owner.__dataclass_fields__[name]
@@ -93,6 +100,15 @@ class Settings(BaseSettings):
         None, ge=0, description="Processes the history sink decodes large batches in; "
         "default: one per core, up to 4; 0 = in the sink's own thread.")
 
+    # -- vigil's own health: Prometheus /metrics ------------------------------
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port this process serves Prometheus /metrics on; 0 = none. Unset: the "
+        "process's own (METRICS_PORTS: worker 9464, history sink `vigil up` 9465, agent 9466, actuator 9467, "
+        "notify 9468, scrape 9469).")
+    metrics_host: str = Field(
+        "127.0.0.1", min_length=1, description="Address /metrics binds: 127.0.0.1 = this host only; 0.0.0.0 (or ::) "
+        "lets a Prometheus elsewhere scrape it (the Kubernetes manifests and the compose file set it).")
+
     # -- detectors and decisions: unset = the component's own default ---------
     hang_k: float | None = Field(None, gt=1, description="Hang: no iteration within k x the mean iteration time "
                                  "(default: vigil.detectors.HangDetector's k).")
@@ -121,6 +137,13 @@ class Settings(BaseSettings):
     @property
     def resolved_clickhouse_dsn(self) -> str:
         return self.clickhouse_dsn or f"chdb://{self.state_dir / 'history'}"
+
+    def metrics_address(self, component: str, port: int | None = None, host: str | None = None) -> tuple[str, int]:
+        """``(host, port)`` where ``component`` (a key of :data:`METRICS_PORTS`) serves /metrics: the command's
+        option, else ``VIGIL_METRICS_*``, else its default. Port 0: it serves none."""
+        if port is None:
+            port = self.metrics_port if self.metrics_port is not None else METRICS_PORTS[component]
+        return host or self.metrics_host, port
 
     @property
     def stack_file(self) -> Path:

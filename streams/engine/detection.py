@@ -76,6 +76,10 @@ class EngineParams:
     plugins: tuple[type[Detector], ...] = ()
     #: The built-in detectors to run.
     builtins: tuple[str, ...] = BUILTIN
+    #: Called on each detector class before the engine routes to it, returning the class to use
+    #: (``Callable[[type[Detector]], type[Detector]]``): a metrics endpoint times a sample of the
+    #: instances (:class:`vigil.streams.metrics.DetectorTimer`). None: the classes as they are.
+    instrument: Any = None
 
 
 class _Key:
@@ -111,6 +115,8 @@ class DetectionEngine:
     def __init__(self, params: EngineParams = EngineParams()) -> None:
         self.params = params
         classes = [REGISTRY[name] for name in params.builtins] + list(params.plugins)
+        if params.instrument is not None:
+            classes = [params.instrument(cls) for cls in classes]
         #: (per, input) -> detector classes consuming it
         self._routes: dict[tuple[str, str], list[type[Detector]]] = {}
         for cls in classes:

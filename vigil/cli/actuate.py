@@ -14,7 +14,7 @@ import typer
 from vigil.actuators.backends import ControlDirProcesses, KubernetesBackend, LocalBackend, SlurmBackend
 from vigil.actuators.errors import ActuatorError
 from vigil.actuators.executor import Executor
-from vigil.cli.common import app
+from vigil.cli.common import app, metrics_host_option, metrics_port_option
 from vigil.schemas.envelope import to_seconds, utcnow
 from vigil.services.actuator import ActuatorService
 
@@ -110,13 +110,15 @@ def actuate(
     reset_job: Optional[List[str]] = typer.Option(None, "--reset-job", help="Lift the no-progress guard of this job in --ledger and exit (repeatable)."),
     ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
     log_level: str = typer.Option("INFO", help="Python log level."),
+    metrics_port: Optional[int] = metrics_port_option("actuator"),
+    metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
     from vigil.actuators.inventory import Inventory
     from vigil.actuators.ledger import Ledger
     from vigil.actuators.safety import Safety, SafetyLimits
     from vigil.schemas import Source
     from vigil.broker import StackError
-    from vigil.cli.common import settings_and_logging
+    from vigil.cli.common import serve_metrics, settings_and_logging
     from vigil.stack import resolve_bootstrap
 
     settings = settings_and_logging(log_level, logging.INFO)
@@ -177,6 +179,9 @@ def actuate(
                               session_timeout_s=settings.session_timeout_s,
                               heartbeat_interval_s=settings.heartbeat_interval_s)
     stop = threading.Event()
+    metrics = serve_metrics(settings, "actuator", metrics_port, metrics_host, "ActuatorMetrics")
+    if metrics is not None:
+        metrics.watch(service, stop)  # action results by outcome, decisions handled, the circuit breaker, lag
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from vigil.cli.common import app
+from vigil.cli.common import app, metrics_host_option, metrics_port_option
 
 
 def _d(name: str) -> object:
@@ -89,6 +89,8 @@ def agent(
         _d("checkpoint_estimate"), min=0.0, help="Seconds a checkpoint is assumed to take until the hooks measured one."),
     duration: Optional[float] = typer.Option(None, help="Stop after this many seconds (default: run until stopped)."),
     log_level: str = typer.Option("WARNING", help="Python log level of the agent."),
+    metrics_port: Optional[int] = metrics_port_option("agent"),
+    metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
     """Run the node agent: a node daemon (no command), or the launcher of one job's ranks on this node.
 
@@ -138,7 +140,7 @@ def agent(
     75 gave up (requeue the job elsewhere).
     """
     from vigil.broker import StackError
-    from vigil.cli.common import settings_and_logging
+    from vigil.cli.common import serve_metrics, settings_and_logging
     from vigil.services.agent import AgentOptions, NodeAgent, environment, from_environment, parse_log_stale
     from vigil.stack import resolve_bootstrap
 
@@ -187,6 +189,9 @@ def agent(
     except ActuatorError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    metrics = serve_metrics(settings, "agent", metrics_port, metrics_host, "AgentMetrics")
+    if metrics is not None:
+        metrics.watch(node_agent)  # its publisher (spool depth, failures), collectors, actuator results
     typer.echo(f"vigil agent on {node_agent.node}: {len(node_agent.collectors)} collectors, hooks socket "
                f"{node_agent.sock}, broker {bootstrap}"
                + (f", job {opts.job} ({opts.nproc_per_node} rank(s), node {opts.node_rank} of {opts.nnodes})"

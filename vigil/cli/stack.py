@@ -11,12 +11,14 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from vigil.cli.common import app, console, err_console, fail, load_settings, require_server, schemas_app, \
-    tail_app, terminate_on_sigterm
+from vigil.cli.common import app, console, err_console, fail, load_settings, metrics_host_option, metrics_port_option, \
+    require_server, schemas_app, serve_metrics, tail_app, terminate_on_sigterm
 
 
 @app.command()
-def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (default: a free one).")) -> None:
+def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (default: a free one)."),
+       metrics_port: Optional[int] = metrics_port_option("history"),
+       metrics_host: Optional[str] = metrics_host_option()) -> None:
     """Run the embedded stack in the foreground: tansu broker, topics, ClickHouse history and its sink.
 
     Other vigil commands find it through the state directory
@@ -31,6 +33,9 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
     settings = load_settings()
     terminate_on_sigterm()
     stack = EmbeddedStack(settings, port=port)
+    metrics = serve_metrics(settings, "history", metrics_port, metrics_host, "HistoryMetrics", announce=False)
+    if metrics is not None:
+        metrics.watch(stack)  # the sink's counters and lag, the embedded broker's restarts
     try:
         stack.start()
         ensure_stack_key(settings)
@@ -44,6 +49,8 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
         keys = ("VIGIL_DECISION_KEYS" if settings.decision_keys
                 else f"this stack's key, in {settings.stack_key_file} (workers and actuators in this state directory use it)")
         console.print(f"  decisions   signed with {keys}")
+        if metrics is not None:
+            console.print(f"  metrics     {metrics.url}  (Prometheus: the history sink's own health)")
         console.print("  next        vigil worker  |  vigil tail alerts  |  vigil sql \"SELECT ...\"")
         if stack.broker is not None:
             err_console.print(f"[yellow]warning:[/yellow] {EMBEDDED_BROKER_WARNING}")
@@ -70,6 +77,8 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
 def worker(
     ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
     log_level: str = typer.Option("WARNING", help="Python log level (INFO logs every alert and decision)."),
+    metrics_port: Optional[int] = metrics_port_option("worker"),
+    metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
     """Run a detection worker: every detector on the telemetry, incidents to <prefix>.alerts, decisions.
 
@@ -78,7 +87,8 @@ def worker(
     decides. A worker that takes over partitions (a restart, a rebalance)
     rebuilds its state from the last VIGIL_RECOVERY_WINDOW_S seconds of the
     log and never publishes an alert or decision twice. Stop it with Ctrl-C
-    or SIGTERM.
+    or SIGTERM. Its own health (events consumed, lag, alerts, detector cost)
+    is on /metrics for Prometheus.
     """
     from vigil.broker import StackError
     from vigil.stack import resolve_bootstrap, stream_config
@@ -91,8 +101,9 @@ def worker(
         keyring = settings.decision_keyring()
     except (StackError, ValueError) as exc:
         fail(str(exc))
+    metrics = serve_metrics(settings, "worker", metrics_port, metrics_host, "WorkerMetrics")
     run_worker(stream_config(settings, bootstrap), ready_file=ready_file, loglevel=log_level,
-               sign=keyring.sign if keyring.can_sign else None)
+               sign=keyring.sign if keyring.can_sign else None, metrics=metrics)
 
 
 @app.command()

@@ -89,6 +89,9 @@ class ActuatorService:
     (others are skipped and committed). ``clock`` is the only clock read.
     """
 
+    #: Counts what it publishes for /metrics (:class:`vigil.streams.metrics.PublishCounters`); None: nothing.
+    metrics: Any = None
+
     def __init__(self, executor: Executor, kafka_conf: dict[str, Any], prefix: str, *, group_id: str,
                  filter_jobs: Iterable[str] | None = None, clock: Callable[[], datetime] = utcnow,
                  ready_file: Path | None = None, batch_size: int = 100, poll_timeout_s: float = 0.2,
@@ -109,6 +112,7 @@ class ActuatorService:
         self.handled = 0
         self.dead_letters = 0
         self.busy = False
+        self._acting: str | None = None  # the action of the decision in hand (what its results are counted under)
         self.failure: BaseException | None = None
         self._last_tick = 0.0
         self._consumer = Consumer({
@@ -132,6 +136,8 @@ class ActuatorService:
         topic = topic_name(event.event_type, self.prefix)  # type: ignore[attr-defined]
         self._producer.produce(topic, encode(event), key=message_key(event))
         self._producer.poll(0)
+        if self.metrics is not None:
+            self.metrics.count([event], action=self._acting)
 
     def _flush(self, timeout_s: float = 30.0) -> None:
         left = self._producer.flush(timeout_s)
@@ -180,6 +186,7 @@ class ActuatorService:
                     if self.filter_jobs is not None and event.target.job not in self.filter_jobs:
                         continue
                     self.busy = True
+                    self._acting = event.action
                     try:
                         self.executor.handle(event, self.clock(), emit=self.publish,
                                              origin=f"{topic}/{partition}/{offset}")
@@ -192,6 +199,7 @@ class ActuatorService:
                         self.dead_letters += 1
                     finally:
                         self.busy = False
+                        self._acting = None
                     self.handled += 1
                     if self.after_decision is not None:
                         self.after_decision(event)
