@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+import vigil.bench.fuzz as fuzz
 import vigil.bench.history as history
 import vigil.bench.planners as planners
 import vigil.bench.policies as policies
@@ -28,6 +29,8 @@ BENCHES = {
     "policies": (policies, {"trace": "trace-b", "gpus": 256, "seed": 3, "scale": False, "sweep_seeds": 0}),
     "history": (history, {"telemetry_rows": 20_000, "incidents": 2_000, "sink_events": 3_000, "repeats": 1}),
 }
+#: benchmarks whose CLI prints its own table (no format_table to stub): their options and defaults are checked
+ALL_BENCHES = {**BENCHES, "fuzz": (fuzz, {"messages": 500, "malformed": 0.5, "seed": 1})}
 
 
 def _defaults(run: Any) -> dict[str, Any]:
@@ -58,19 +61,26 @@ def test_the_cli_line_hands_run_the_arguments_it_was_made_from(bench, changed, m
     assert seen == {k: v for k, v in arguments.items() if k == "json_path" or k in module.CLI_OPTIONS}
 
 
-@pytest.mark.parametrize("bench", sorted(BENCHES))
+@pytest.mark.parametrize("bench", sorted(ALL_BENCHES))
 def test_the_cli_defaults_are_runs_defaults(bench):
     """Else a line written with run()'s defaults spelled out would still reproduce it, but the bare
     command users type would measure something else than the documented run."""
     import typer
 
-    module, _ = BENCHES[bench]
+    module, _ = ALL_BENCHES[bench]
     command = typer.main.get_command(app).commands["bench"].commands[bench]
     cli = {p.name: p for p in command.params}
     assert set(cli) == {"json_path", *module.CLI_OPTIONS}
     for name, option in module.CLI_OPTIONS.items():
         assert "/".join(cli[name].opts + cli[name].secondary_opts) == option
         assert cli[name].default == inspect.signature(module.run).parameters[name].default, name
+
+
+def test_the_fuzz_line_spells_out_what_changed():
+    module, values = ALL_BENCHES["fuzz"]
+    line = reproducing_command(module.run, {**_defaults(module.run), "json_path": "f.json", **values},
+                               "vigil bench fuzz", module.CLI_OPTIONS)
+    assert line == "vigil bench fuzz --json f.json --messages 500 --malformed 0.5 --seed 1"
 
 
 def test_an_argument_the_cli_does_not_take_gives_the_python_call():

@@ -52,6 +52,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from vigil.bench.command import reproducing_command
+from vigil.bench.machine import measured
 from vigil.schemas import EVENT_TYPES, topic_name
 from vigil.schemas.envelope import EARLIEST, LATEST
 from vigil.schemas.tables import TABLE_SPECS
@@ -392,9 +394,26 @@ def account(query: Callable[[str], list[tuple]], database: str, messages: list[M
 # -- the benchmark ---------------------------------------------------------------------------------------
 
 
+#: run() parameter -> the ``vigil bench fuzz`` option that sets it
+CLI_OPTIONS = {"messages": "--messages", "malformed": "--malformed", "seed": "--seed"}
+
+
 def run(json_path: str | None, messages: int = 20_000, malformed: float = 0.35, seed: int = 0,
         settle_s: float = 600.0, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Produce ``messages`` (a ``malformed`` share of them malformed) through the real loop; return the verdict."""
+    command = reproducing_command(run, dict(locals()), "vigil bench fuzz", CLI_OPTIONS)
+    machine: dict[str, Any] = {}
+    with measured(machine):
+        result = _run(messages, malformed, seed, settle_s, progress)
+    result["command"], result["detail"]["machine"] = command, machine
+    if json_path is not None:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _run(messages: int, malformed: float, seed: int, settle_s: float,
+         progress: Callable[[str], Any] | None) -> dict[str, Any]:
     from confluent_kafka import Producer
 
     from vigil.settings import Settings
@@ -514,13 +533,8 @@ def run(json_path: str | None, messages: int = 20_000, malformed: float = 0.35, 
             "sink": {"messages": stats.messages, "stored": stats.stored, "dead_letters": stats.dead_letters,
                      "duplicates_dropped": stats.duplicates, "retries": stats.retries, "sink_errors": stats.sink_errors,
                      "consume_errors": stats.consume_errors, "alive": sink_alive, "errors": stats.errors[-5:]},
-            "cpus": os.cpu_count(),
-            "load_avg": [round(x, 2) for x in os.getloadavg()],
         },
     }
-    if json_path is not None:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
