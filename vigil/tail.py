@@ -19,6 +19,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from rich.markup import escape
+
 from vigil.schemas import ActionResult, Alert, Decision, Envelope
 
 __all__ = ["KINDS", "Follower", "format_record", "open_consumer", "records"]
@@ -113,23 +115,29 @@ def _subject(subject: Any) -> str:
 
 
 def format_record(event: Envelope, follower: Follower) -> str:
-    """One line of rich markup for a human."""
+    """One line of rich markup for a human; every text that came off a topic is escaped.
+
+    Anyone who can write a topic writes these fields: markup in them must print
+    as the characters it is, not restyle or hide the rest of the line.
+    """
     if isinstance(event, Alert):
         colour = {1: "red", 2: "yellow", 3: "cyan"}[event.severity]
-        return (f"[{colour}]sev{event.severity}[/{colour}] {event.status:<8} {event.kind:<12} "
-                f"{_subject(event.subject):<24} onset {event.onset_time:%H:%M:%S.%f}"[:-3] + f"  {event.summary}")
+        return (f"[{colour}]sev{event.severity}[/{colour}] {escape(f'{event.status:<8} {event.kind:<12} ')}"
+                + escape(f"{_subject(event.subject):<24} onset {event.onset_time:%H:%M:%S.%f}"[:-3]
+                         + f"  {event.summary}"))
     if isinstance(event, Decision):
         answers = f" answers {len(event.answers)} incident(s)" if event.answers else ""
-        return (f"[magenta]decision[/magenta] {event.action:<16} {_subject(event.target):<24} "
-                f"{event.event_time:%H:%M:%S.%f}"[:-3] + f"{answers}: {event.reason}")
+        return ("[magenta]decision[/magenta] "
+                + escape(f"{event.action:<16} {_subject(event.target):<24} {event.event_time:%H:%M:%S.%f}"[:-3]
+                         + f"{answers}: {event.reason}"))
     if isinstance(event, ActionResult):
         decision = follower.decision_of(event)
         what = f"{decision.action} {_subject(decision.target)}" if decision else f"decision {event.decision_id}"
         colour = {"succeeded": "green", "failed": "red", "timed_out": "red"}.get(event.state, "white")
-        return (f"[blue]action[/blue]   [{colour}]{event.state:<9}[/{colour}] {what:<40} "
-                f"{event.event_time:%H:%M:%S.%f}"[:-3] + f"  {event.backend}" + (f": {event.detail}" if event.detail
-                                                                                  else ""))
-    return str(event)
+        return (f"[blue]action[/blue]   [{colour}]{escape(f'{event.state:<9}')}[/{colour}] "
+                + escape(f"{what:<40} {event.event_time:%H:%M:%S.%f}"[:-3] + f"  {event.backend}"
+                         + (f": {event.detail}" if event.detail else "")))
+    return escape(str(event))
 
 
 def open_consumer(kafka_conf: dict[str, Any], topics: dict[str, str], from_beginning: bool,
