@@ -91,8 +91,10 @@ class DetectStage:
                         place.topic, place.partition, place.offset, raw=value if len(events) == 1 else None))
         try:
             out.findings = self.engine.on_events(events, now, replay=replay)
-        except DetectorError:
-            # One event a detector cannot use: find it, keep it, go on with the rest.
+        except Exception:  # noqa: BLE001 - see below
+            # One event a detector cannot use: find it, keep it, go on with the rest. Any exception, not
+            # only DetectorError: a detector's bug on one odd event must not crash the worker into a loop
+            # of re-reading that message while the whole cluster goes unwatched.
             for ev in events:
                 try:
                     out.findings += self.engine.on_events([ev], now, replay=replay)
@@ -100,6 +102,13 @@ class DetectStage:
                     if not replay:
                         out.dead_letters.append(refused_event(ev, f"detector refused it: {exc}", place.topic,
                                                               place.partition, place.offset))
+                except Exception as exc:  # noqa: BLE001
+                    log.exception("a detector failed on %s %s (offset %s of %s[%s]); the event is dead-lettered",
+                                  ev.event_type, ev.event_id, place.offset, place.topic, place.partition)
+                    if not replay:
+                        out.dead_letters.append(refused_event(
+                            ev, f"detector failed on it: {type(exc).__name__}: {exc}"[:500], place.topic,
+                            place.partition, place.offset))
         return out
 
     def _remember(self, place: Place, events: list[Envelope]) -> None:
