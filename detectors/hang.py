@@ -199,7 +199,7 @@ class HangDetector(Detector):
         if silence > timeout:
             evidence = {"silence_s": round(now - self._last_progress, 6), "timeout_s": round(timeout, 6),
                         "timeout_from": why, "mean_iteration_s": round(self.mean_iteration_s, 6),
-                        "iterations_seen": self._count}
+                        "delivery_lag_s": round(max(self._lags, default=0.0), 6), "iterations_seen": self._count}
             if self._checkpoint_since is not None:
                 evidence["checkpoint_step"] = self._checkpoint_step
             self._finding = Finding(kind="task_hang", severity=2, onset=self._last_progress, detected_at=now,

@@ -10,6 +10,7 @@ stopped by its PID when it ends.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -66,12 +67,15 @@ class Scene:
     logs: list[Path] = field(default_factory=list)  # the logs of what it started, for a failed scenario's report
     #: Unix socket paths must stay under 108 bytes: a deep pytest folder does not, so sockets live here
     sockets: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vgs-", dir="/tmp")))
+    #: the key the worker signs decisions with and the acting agents verify them by, as an operator configures
+    decision_keys: str = field(default_factory=lambda: json.dumps({"scenes": base64.b64encode(os.urandom(32)).decode()}))
 
     def log_tails(self, chars: int = 2000) -> dict[str, str]:
         return {str(p.relative_to(self.root)): p.read_text(errors="replace")[-chars:] for p in self.logs if p.exists()}
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "VIGIL_KAFKA_BOOTSTRAP": self.bootstrap, "VIGIL_TOPIC_PREFIX": self.prefix,
+                "VIGIL_DECISION_KEYS": self.decision_keys,
                 "VIGIL_GROUP_ID": f"{self.prefix}-detect", "PYTHONUNBUFFERED": "1", **extra}
 
     def close(self) -> None:

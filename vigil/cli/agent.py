@@ -186,9 +186,14 @@ def agent(
         node_agent = NodeAgent(opts, {"bootstrap.servers": bootstrap, **settings.kafka_security()},
                                settings.topic_prefix, settings.state_dir, session_timeout_s=settings.session_timeout_s,
                                heartbeat_interval_s=settings.heartbeat_interval_s)
-    except ActuatorError as exc:
+    except (ActuatorError, ValueError) as exc:  # (ValueError: e.g. a hooks socket path too long for Unix)
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    if opts.actuate:
+        keyring = settings.decision_keyring()
+        if not keyring.keys and not keyring.allow_unsigned:
+            typer.echo("warning: --actuate with no decision keys (VIGIL_DECISION_KEYS, the worker's key): every "
+                       "decision will be refused as unsigned and nothing restarted", err=True)
     metrics = serve_metrics(settings, "agent", metrics_port, metrics_host, "AgentMetrics")
     if metrics is not None:
         metrics.watch(node_agent)  # its publisher (spool depth, failures), collectors, actuator results

@@ -101,6 +101,9 @@ def worker(
         keyring = settings.decision_keyring()
     except (StackError, ValueError) as exc:
         fail(str(exc))
+    if not keyring.can_sign:
+        typer.echo("warning: no decision key to sign with (VIGIL_DECISION_KEYS, or a `vigil up` stack's in the state "
+                   "directory): decisions are published unsigned and every actuator will refuse them", err=True)
     metrics = serve_metrics(settings, "worker", metrics_port, metrics_host, "WorkerMetrics")
     run_worker(stream_config(settings, bootstrap), ready_file=ready_file, loglevel=log_level,
                sign=keyring.sign if keyring.can_sign else None, metrics=metrics)
