@@ -137,7 +137,7 @@ class HangDetector(Detector):
         self._held_checkpoint = False
         if learn:
             self._steps.append(duration_s)
-        if self._since_start > 1:  # the first step after a start also carries the start's own lag
+        if self._since_start > self.warmup:  # warm-up steps carry the start's own lag (connecting, joining)
             self._lags.append(max(0.0, float(lag_s)))
         # Ranks report out of order: progress is the latest completion seen.
         if self._last_progress is None or t > self._last_progress:

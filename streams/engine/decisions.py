@@ -365,11 +365,14 @@ class DecisionEngine:
                 info.nodes = set(event.nodes)
             arrived = event.state in ("pending", "running") and (prev is None or prev.state in JOB_ENDED)
             finished = event.state in JOB_ENDED and prev is not None and prev.state not in JOB_ENDED
+            out: list[Envelope] = []
+            if event.state == "failed" and (prev is None or prev.state != "failed"):
+                out += self._recovery_gave_up(job, event.reason, now)
             if event.state in JOB_ENDED:
                 self._job_ended(job, now)
             if arrived or finished:
-                return self._replanning(f"job {job} {'arrived' if arrived else event.state}", now)
-            return []
+                out += self._replanning(f"job {job} {'arrived' if arrived else event.state}", now)
+            return out
         node = event.source.node
         if not node:
             return []
@@ -395,6 +398,18 @@ class DecisionEngine:
         """The jobs that hold or wait for nodes (pending, running, restarting), by name."""
         return {j: i.spec for j, i in self.jobs.items()
                 if i.spec is not None and i.spec.state in ("pending", "running", "restarting")}
+
+    def _recovery_gave_up(self, job: str, reason: str, now: float) -> list[Envelope]:
+        """A job that failed while vigil was recovering it (a remedy decided within the escalation
+        window): automatic recovery failed, and a human is called. A job that fails with no
+        remedy tried was never vigil's to recover: its own alerts already say why."""
+        recent = [d for d in self._decided.values()
+                  if d.job == job and d.action in LADDER and now - d.at <= self.escalation.window_s]
+        latest = max(recent, key=lambda d: d.at, default=None)
+        if latest is None or latest.action == "notify_human":  # (a human was called already)
+            return []
+        return [self._recovery_failed(job, latest.kind, latest.answers, now,
+                                      f"job {job} failed after {latest.action}: {reason or 'no reason given'}")]
 
     def _job_ended(self, job: str, now: float) -> None:
         """The job ended (finished, cancelled, gave up): nothing waits to be decided for it any more."""
@@ -430,6 +445,9 @@ class DecisionEngine:
                                     f"{self.mitigation.explain(job)}",
                                     self._failslow_plan(job, strategy), answers=answers))
         self.escalation.forget_before(now - 10 * self.escalation.window_s)
+        if len(self._decided) > 10_000:  # a long-lived worker's memory of old decisions stays bounded
+            keep, horizon = set(self._inflight.values()), now - 10 * self.escalation.window_s
+            self._decided = {k: d for k, d in self._decided.items() if d.at >= horizon or k in keep}
         return out
 
     # -- helpers -----------------------------------------------------------

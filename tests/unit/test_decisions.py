@@ -307,3 +307,29 @@ def test_a_symptom_that_settles_after_its_job_recovered_is_resolved_not_answered
     crashloop = alert("process_exit", 2, rank=0).model_copy(update={"onset_time": from_seconds(t0 + 10.3)})
     (climb,) = decisions(eng.on_alert(crashloop, t0 + 12.1))
     assert climb.action == "restart_process" and "returned" in climb.reason
+
+
+def _job(job: str, state: str, reason: str = "") -> JobState:
+    return JobState(event_time=from_seconds(1_700_000_000), source=Source(job=job), state=state, reason=reason)
+
+
+def test_a_job_that_fails_while_being_recovered_calls_a_human_once():
+    """The per-job agent gives up (a reconfigure it cannot carry out, restarts without progress) and the
+    job fails: that is automatic recovery failing, a sev1 recovery_failed for a human."""
+    eng = DecisionEngine(settle_s=0, escalation=Escalation(window_s=600, max_restarts=3))
+    (d,) = decisions(eng.on_alert(alert("process_exit", 2, job="crashy"), 10.0))
+    assert d.action == "restart_process"
+    out = eng.on_state(_job("crashy", "failed", "the agent gave up"), 20.0)
+    (page,) = [a for a in out if isinstance(a, Alert)]
+    assert (page.kind, page.severity, page.subject.job) == ("recovery_failed", 1, "crashy")
+    assert "the agent gave up" in page.summary and "restart_process" in page.summary
+    assert eng.on_state(_job("crashy", "failed", "the agent gave up"), 21.0) == []  # the same state again
+
+
+def test_a_job_that_fails_or_ends_with_no_remedy_tried_calls_no_one():
+    eng = DecisionEngine(settle_s=0, escalation=Escalation(window_s=600))
+    assert [a for a in eng.on_state(_job("plain", "failed", "exit 1"), 5.0) if isinstance(a, Alert)] == []
+    decisions(eng.on_alert(alert("process_exit", 2, job="fixed"), 10.0))
+    assert [a for a in eng.on_state(_job("fixed", "completed"), 20.0) if isinstance(a, Alert)] == []
+    decisions(eng.on_alert(alert("process_exit", 2, job="old"), 10.0))  # long before: not this failure's
+    assert [a for a in eng.on_state(_job("old", "failed"), 10.0 + 601 + 1e-3) if isinstance(a, Alert)] == []
