@@ -66,7 +66,7 @@ class BrokerPulse:
     during a broker outage every silence detector would fire at once.
     """
 
-    def __init__(self, client: Any, topic: str, interval_s: float = 0.5, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, client: Any, topic: str, interval_s: float = 0.25, clock: Callable[[], float] = time.time) -> None:
         self.client, self.topic, self.interval_s, self.clock = client, topic, interval_s, clock
         self.last_ok: float | None = None
         self._stop = threading.Event()

@@ -68,8 +68,9 @@ watchdog: :mod:`vigil.producers.training.failures`.
 
 Cost: the hot path appends one list per collective, wait and mark, reads the
 clock (or records two events) per call, and does the split once per step;
-records leave the process as one datagram per step (or per
-``flush_interval_s`` without steps). Validation and encoding happen in the
+records leave the process as one datagram per step, at most one per
+``flush_interval_s`` (0.2 s: a hang is judged on what arrived, so what waits
+here delays its alert). Validation and encoding happen in the
 node batcher.
 
 Time: wall-clock seconds from ``clock`` (default ``time.time``) for start/end,
@@ -131,7 +132,8 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
     dp, pp, tp : int, optional
         The rank's coordinates in the data/pipeline/tensor-parallel grid.
     flush_interval_s : float
-        Records leave at least this often when no step boundary comes.
+        Records leave at a step's end once this long has passed since the last datagram, and at least
+        this often when no step boundary comes.
     max_buffer : int
         Records kept before a flush is forced.
     retry_wait_s : float
@@ -152,7 +154,7 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
 
     def __init__(self, sink: Sink, *, job: str, rank: int, node: str | None = None, cluster: str = "default",
                  gpu: int | None = None, dp: int | None = None, pp: int | None = None, tp: int | None = None,
-                 flush_interval_s: float = 0.5, max_buffer: int = 1024, retry_wait_s: float = 0.0,
+                 flush_interval_s: float = 0.2, max_buffer: int = 1024, retry_wait_s: float = 0.0,
                  clock: Callable[[], float] = time.time, timing: str = "auto", events: EventBackend | None = None,
                  max_pending_steps: int = 64) -> None:
         if rank < 0:
