@@ -228,8 +228,14 @@ class HangDetector(Detector):
 
     @property
     def timeout_s(self) -> float:
-        """Silence allowed now before a hang is declared (the engine's gate)."""
-        return self._deadline()[1] if self._last_progress is not None else self.startup_timeout_s
+        """Silence in *arrival* time allowed before a hang may be declared (the engine's gate).
+
+        The gate counts from when the job's last event reached the worker, which already carries that
+        event's delivery delay: the delay part of the timeout is left out here, or it would be counted twice
+        (the event-time deadline of :meth:`tick` still holds it)."""
+        if self._last_progress is None:
+            return self.startup_timeout_s
+        return max(0.0, self._deadline()[1] - max(self._lags, default=0.0))
 
     @property
     def mean_iteration_s(self) -> float:

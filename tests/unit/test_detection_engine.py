@@ -241,3 +241,24 @@ def test_columnar_steps_give_the_same_incidents_as_per_rank_records(fault):
                          fault.at + 20)
         return [(a.status, a.kind, a.severity, a.subject) for a, _ in alerts]
     assert summary(True) == summary(False)
+
+
+def test_a_hang_heard_through_a_delivery_delay_is_called_once_the_event_time_deadline_passes():
+    """Steps heard 0.5 s after they end (batching): the hang's timeout holds that delay once, so the
+    alert comes at the last step's end + k x D + 0.5 s, not half a second later again because the
+    engine's gate counted from the (delayed) arrival with the whole timeout."""
+    engine = DetectionEngine()
+    engine.heard(0.0)
+    t, lag = 100.0, 0.5
+    for step in range(60):
+        t += 0.2
+        engine.on_events([_iteration("j", step, t)], t + lag)
+        engine.heard(t + lag)
+        assert [f for f in engine.tick(t + lag) if f.kind == "task_hang"] == []
+    deadline = t + 3 * 0.2 + lag  # the last step's end + k x D + the delay seen
+    now, hung = t + lag, []
+    while not hung and now < t + 10:
+        now += 0.05
+        engine.heard(now)  # its broker answers: the worker hears
+        hung = [f for f in engine.tick(now) if f.kind == "task_hang" and f.status == "raised"]
+    assert hung and deadline < now <= deadline + 0.1 + 1e-9
