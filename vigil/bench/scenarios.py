@@ -421,21 +421,33 @@ chain_continues.worker_env = chain_broken.worker_env = {"VIGIL_CHAIN_TIMEOUT_S":
 
 
 def _steps_seen(scene: Scene, job: str) -> set[tuple[int, int]]:
-    """(rank, step) of every iteration record of ``job`` on the broker's log."""
+    """(rank, step) of every iteration record of ``job`` on the broker's log, up to its end when asked.
+
+    Up to the end offsets read first, not "until nothing comes": a job still running keeps the topic
+    busy, and reading until it paused took until the job ended (minutes).
+    """
     from vigil.schemas import IterationTiming, decode
     from vigil.streams.kafka import reader
 
     consumer = reader({"bootstrap.servers": scene.bootstrap}, [topic_name("iteration", scene.prefix)])
     seen: set[tuple[int, int]] = set()
     try:
-        idle = 0
-        while idle < 10:
-            msgs = consumer.consume(1000, timeout=0.2)
-            idle = 0 if msgs else idle + 1
-            for m in msgs:
-                if m.error() is None and m.value() is not None:
-                    seen |= {(e.source.rank, e.step) for e in decode(m.value()).events
-                             if isinstance(e, IterationTiming) and e.source.job == job}
+        left = {}
+        for tp in consumer.assignment():
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            if high > low:
+                left[tp.partition] = high
+        deadline = time.monotonic() + 60
+        while left and time.monotonic() < deadline:
+            for m in consumer.consume(1000, timeout=0.2):
+                if m.error() is not None:
+                    continue
+                if m.partition() in left and m.offset() >= left[m.partition()] - 1:
+                    del left[m.partition()]
+                if m.value() is None:
+                    continue
+                seen |= {(e.source.rank, e.step) for e in decode(m.value()).events
+                         if isinstance(e, IterationTiming) and e.source.job == job}
     finally:
         consumer.close()
     return seen
