@@ -30,8 +30,8 @@ from typing import Any
 
 from vigil.detectors import DetectorError
 from vigil.schemas import (
-    JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, JobState, NodeState,
-    decode, to_seconds,
+    JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, IterationStep, JobState,
+    NodeState, decode, to_seconds,
 )
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine
@@ -57,6 +57,8 @@ class Place:
 class Detected:
     findings: list[DetectorFinding] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: telemetry records the message held (a columnar step counts one per rank)
+    records: int = 0
 
 
 class DetectStage:
@@ -77,16 +79,12 @@ class DetectStage:
         events = message.events
         if not events:
             return out
+        out.records = sum(len(ev.ranks) if isinstance(ev, IterationStep) else 1 for ev in events)
         self._remember(place, events)
-        if not replay:
-            for ev in events:
-                if self.engine.future(ev, now):
-                    out.dead_letters.append(refused_event(
-                        ev, f"event_time {ev.event_time.isoformat()} is more than "
-                            f"{self.engine.params.max_future_s:.0f} s ahead of the worker's clock (check the node's clock)",
-                        place.topic, place.partition, place.offset, raw=value if len(events) == 1 else None))
+        future: list[Envelope] = []
         try:
             out.findings = self.engine.on_events(events, now, replay=replay)
+            future = self.engine.refused_future
         except DetectorError:
             # One event a detector cannot use: find it, keep it, go on with the rest.
             for ev in events:
@@ -96,6 +94,13 @@ class DetectStage:
                     if not replay:
                         out.dead_letters.append(refused_event(ev, f"detector refused it: {exc}", place.topic,
                                                               place.partition, place.offset))
+                future += self.engine.refused_future
+        if not replay:
+            for ev in future:
+                out.dead_letters.append(refused_event(
+                    ev, f"event_time {ev.event_time.isoformat()} is more than "
+                        f"{self.engine.params.max_future_s:.0f} s ahead of the worker's clock (check the node's clock)",
+                    place.topic, place.partition, place.offset, raw=value if len(events) == 1 else None))
         return out
 
     def _remember(self, place: Place, events: list[Envelope]) -> None:
