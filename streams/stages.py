@@ -78,12 +78,16 @@ class DetectStage:
                                  for err in message.errors]
         events = message.events
         if not events:
+            if place.timestamp is not None:  # still news of how far behind this feed is read
+                self.engine.on_events([], now, replay=replay, written=place.timestamp,
+                                      feed=(place.topic, place.partition))
             return out
         out.records = sum(len(ev.ranks) if isinstance(ev, IterationStep) else 1 for ev in events)
         self._remember(place, events)
         future: list[Envelope] = []
         try:
-            out.findings = self.engine.on_events(events, now, replay=replay)
+            out.findings = self.engine.on_events(events, now, replay=replay, written=place.timestamp,
+                                                 feed=(place.topic, place.partition))
             future = self.engine.refused_future
         except DetectorError:
             # One event a detector cannot use: find it, keep it, go on with the rest.

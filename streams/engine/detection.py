@@ -65,6 +65,11 @@ class EngineParams:
     #: Hearing nothing at all (no data, no broker answer) for this long means the worker, not the
     #: cluster, went deaf: silences then count from when it hears again.
     deaf_after_s: float = 2.0
+    #: Reading a partition's messages this long after they were written (the least late of those read
+    #: from it between two ticks) the worker is behind on it: a subject's newest messages may be in the
+    #: part of the log it has not read, so no silence is judged until it catches up (a late feed is
+    #: not silence). The least late, so that a few producers with slow clocks do not count as a backlog.
+    max_feed_lag_s: float = 1.0
     #: Events older than this (against the worker's clock) do not start tracking a subject: a new
     #: consumer group reading an old log must not report every node that left long ago as lost.
     max_event_age_s: float = 300.0
@@ -167,6 +172,10 @@ class DetectionEngine:
         # hearing nothing for deaf_after_s (its broker or link was down, or it was rebalancing).
         self._last_heard = float("-inf")
         self._feed_back_at = float("-inf")
+        #: feed (a partition) -> the least delay from write to read of its messages since the last tick
+        self._feed_window: dict[Any, float] = {}
+        #: feed -> (the tick that saw it last, that least delay)
+        self._feeds: dict[Any, tuple[float, float]] = {}
 
     # -- inputs ------------------------------------------------------------
     def future(self, event: Envelope, now: float) -> bool:
@@ -192,17 +201,26 @@ class DetectionEngine:
         self._feed_back_at = max(self._feed_back_at, now)
         self._last_heard = max(self._last_heard, now)
 
-    def on_events(self, events: Iterable[Envelope], now: float, replay: bool = False) -> list[DetectorFinding]:
+    def on_events(self, events: Iterable[Envelope], now: float, replay: bool = False, written: float | None = None,
+                  feed: Any = None) -> list[DetectorFinding]:
         """Feed one message's events; return the findings they raise or clear.
 
         Duplicated event ids and events from the future are skipped here (the
         latter are listed in :attr:`refused_future` until the next call).
         ``replay``: read again from the log to rebuild state (a takeover): how
         late they arrive now says nothing about the delivery delay.
+        ``written`` and ``feed``: when the message was written to the log and
+        where it was read from (a partition); a worker that reads a feed far
+        behind judges no silence until it caught up (``max_feed_lag_s``).
         """
         self._replaying = replay
         events = events if isinstance(events, list) else list(events)
         self.refused_future = []
+        if written is not None and not replay:
+            lag = now - written
+            least = self._feed_window.get(feed)
+            if least is None or lag < least:
+                self._feed_window[feed] = lag
         if not events:
             return []
         self.heard(now)
@@ -356,7 +374,7 @@ class DetectionEngine:
         out: list[DetectorFinding] = []
         alone = len(self.nodes) + len(self.jobs) <= 1
         feed_back_at, last_heard = self._feed_back_at, self._last_heard
-        for registry in self._silence:
+        for registry in () if self.behind(now) else self._silence:
             for key, det in registry.values():
                 # Silent past its timeout as far as the worker can tell: only once it heard something
                 # (data, or its broker) after the timeout ran out (a worker that cannot hear does not
@@ -370,6 +388,21 @@ class DetectionEngine:
                 out += self._diff(key, det, now)
         out += self._tick_windows(now)
         return out
+
+    def behind(self, now: float) -> bool:
+        """Is the worker reading some feed far behind (see ``max_feed_lag_s``)?
+
+        Judged at each tick from the messages read since the previous one; a
+        feed stays behind until fresher messages are read from it, or for as
+        long as it was behind (a partition whose writers all stopped has
+        nothing fresher to show).
+        """
+        if self._feed_window:
+            for feed, lag in self._feed_window.items():
+                self._feeds[feed] = (now, lag)
+            self._feed_window = {}
+        limit = self.params.max_feed_lag_s
+        return any(lag > limit and now - seen < lag for seen, lag in self._feeds.values())
 
     def _tick_windows(self, now: float) -> list[DetectorFinding]:
         """Tick the share of the window detectors due since the last tick (all of them per window_tick_s)."""
