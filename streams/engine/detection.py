@@ -438,12 +438,12 @@ class DetectionEngine:
             if event.state in JOB_ENDED:
                 return self._end("job", job, now, at)
             if job in self.jobs:  # its detectors that follow its lifecycle (the hang detector's warm-up)
-                return self._route("job", job, "job_state", event, now, {})
+                return self._route("job", job, "job_state", event, at, now, {})
             return []
         if isinstance(event, NodeState) and event.source.node:
             if event.state in NODE_AWAY:
                 return self._end("node", event.source.node, now, at)
-            return self._route("node", event.source.node, "node_state", event, now, {})
+            return self._route("node", event.source.node, "node_state", event, at, now, {})
         return []
 
     def forget(self, nodes: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
