@@ -55,6 +55,11 @@ TELEMETRY = ("heartbeat", "node_samples", "iteration", "iteration_step", "collec
              "nic_counters", "gpu_telemetry", "process_exit", "training_exception", "flight_recorder_dump")
 #: What the broadcast reader follows.
 FEEDBACK = ("action_result", "job_state", "node_state", "alert", "decision")
+#: Rare events that are a failure in themselves: handled before the telemetry read with them.
+URGENT = ("training_exception", "process_exit", "xid", "flight_recorder_dump")
+#: Messages taken from the consumer at a time: a batch is processed before the next timer tick, and
+#: an urgent message waits at most for the batch before its own.
+BATCH = 200
 
 
 class WorkerStats:
@@ -204,6 +209,7 @@ class Worker:
         self.correlate = CorrelateStage(correlator, decider)
         self.findings_topic = config.topic("finding")
         self.findings_tp = (self.findings_topic, 0)
+        self._urgent = frozenset([config.topic(t) for t in URGENT] + [self.findings_topic])
         self._producer = Producer({**config.kafka_conf(), "linger.ms": 1, "acks": "all", "log_level": 3})
         self._consumer = Consumer({
             **config.kafka_conf(), "group.id": config.group_id, "enable.auto.commit": False,
@@ -372,9 +378,12 @@ class Worker:
         try:
             while not stop.is_set():
                 wait = min(interval, max(0.0, next_tick - self.clock()))
-                messages = self._consumer.consume(500, timeout=wait)
+                messages = self._consumer.consume(BATCH, timeout=wait)
                 began = self.clock()
                 stats = self.stats
+                if len(messages) > 1:  # failures first (a stable sort: each partition keeps its order)
+                    urgent = self._urgent
+                    messages.sort(key=lambda m: m.topic() not in urgent)
                 for msg in messages:
                     if msg.error() is not None:
                         if msg.error().code() != KafkaError._PARTITION_EOF:
