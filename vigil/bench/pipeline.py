@@ -350,12 +350,14 @@ def _producer(bootstrap: str, linger_ms: int = 100) -> Producer:
     """The telemetry of the whole fleet as one producer: batched (``linger_ms``) and lz4-compressed.
 
     tansu (the embedded broker) keeps each partition's log in memory and its
-    fetch cost grows with the batches stored: with 5 ms batches at 10,000 GPUs
-    it used 0.09 core at first and 0.94 after 60 s; with 100 ms batches at
-    25,000 GPUs it settled at about 0.35. A real agent sends its own messages;
-    batching them here only spares the broker that shares the generator's core.
-    It delays telemetry by up to ``linger_ms``, which can only make the figures
-    worse (node losses and hangs are judged on arrival). Fault events go
+    fetch cost grows with the batches stored: at 10,000 GPUs with 5 ms batches
+    it used 0.09 core at first and 0.94 after 60 s; at 25,000 GPUs with 25 ms
+    batches 0.36 after 20 s and 0.64 after 110 s, still growing; with 100 ms
+    batches 0.33-0.39 over 150 s. A real agent sends its own messages; batching them here
+    spares the broker that shares the generator's core. It delays telemetry
+    by up to ``linger_ms`` and makes it arrive in bursts, which can only make
+    the figures worse (node losses and hangs are judged on arrival, and a
+    fault's event waits behind a burst). Fault events and job states go
     through an unbatched producer (``linger_ms=0``).
     """
     return Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "compression.type": "lz4",
@@ -680,6 +682,69 @@ def _write(json_path: str | None, result: dict[str, Any], started: float) -> Non
         Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
+# -- in one process: the detect stage's CPU per record, and where it goes ----------------------------------------------
+def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats: int = 3, profile_lines: int = 0,
+              json_path: str | None = None) -> dict[str, Any]:
+    """CPU seconds per record of the detect stage alone (decode, engine, detectors, timers) on the
+    generator's messages, on a simulated clock (no Kafka, no correlation); optionally cProfile's top lines.
+
+    The messages are made first; each repeat runs a fresh stage over them (the best of ``repeats`` is the
+    figure: the least disturbed by the rest of the machine).
+    """
+    import cProfile
+    import io
+    import pstats
+
+    from vigil.streams.config import StreamConfig
+    from vigil.streams.engine.detection import DetectionEngine, EngineParams
+    from vigil.streams.stages import DetectStage, Place, key_of_topics
+    from vigil.streams.worker import TELEMETRY
+
+    gen = LoadGenerator(gpus, 1e9, seed=seed)
+    msgs = [(m, 1e9 + t) for t in range(1, int(seconds) + 1) for m in gen.advance(1e9 + t)
+            if m.event_type != "job_state"]
+    records = sum(m.records for m, _ in msgs)
+    topics = {t: topic_name(t, "vigil") for t in ("node_samples", "iteration_step")}
+
+    def once(profiler: Any = None) -> float:
+        stage = DetectStage(DetectionEngine(EngineParams()), key_of_topics(StreamConfig(bootstrap="-"), TELEMETRY))
+        next_tick = 0.0
+        began = time.process_time()
+        if profiler is not None:
+            profiler.enable()
+        for offset, (m, due) in enumerate(msgs):
+            now = due + 0.02
+            stage.on_message(Place(topics[m.event_type], 0, offset, now), m.value, now)
+            if now >= next_tick:
+                stage.tick(now)
+                next_tick = now + 0.1
+        if profiler is not None:
+            profiler.disable()
+        return time.process_time() - began
+
+    out: dict[str, Any] = {"gpus": gpus, "cluster_seconds": seconds, "records": records, "messages": len(msgs)}
+    with measured(out.setdefault("machine", {})):
+        cpu = [once() for _ in range(repeats)]
+    best = min(cpu)
+    out.update(cpu_s=[round(c, 3) for c in cpu], us_per_record=round(1e6 * best / records, 2),
+               records_per_cpu_s=round(records / best), cores_to_keep_up=round(best / seconds, 3))
+    if profile_lines:
+        prof = cProfile.Profile()
+        once(prof)
+        text = io.StringIO()
+        stats = pstats.Stats(prof, stream=text)
+        stats.sort_stats("tottime").print_stats(profile_lines)
+        out["profile_tottime"] = [line for line in text.getvalue().splitlines() if line.strip()][-profile_lines - 1:]
+        text = io.StringIO()
+        stats.stream = text
+        stats.sort_stats("cumulative").print_stats(profile_lines)
+        out["profile_cumulative"] = [line for line in text.getvalue().splitlines() if line.strip()][-profile_lines - 1:]
+    if json_path is not None:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
 # -- the benchmark's worker: `vigil worker` with its stats written every second --------------------------------------
 def _worker_main(ready_file: Path, stats_file: Path) -> None:
     import logging
@@ -735,9 +800,19 @@ def main(argv: list[str] | None = None) -> None:
     w = sub.add_parser("worker", help="a detection worker that writes its stats every second")
     w.add_argument("--ready-file", type=Path, required=True)
     w.add_argument("--stats-file", type=Path, required=True)
+    ip = sub.add_parser("inprocess", help="the detect stage's CPU per record in one process, and its profile")
+    ip.add_argument("--gpus", type=int, default=25_000)
+    ip.add_argument("--seconds", type=float, default=10.0)
+    ip.add_argument("--repeats", type=int, default=3)
+    ip.add_argument("--profile-lines", type=int, default=0)
+    ip.add_argument("--json", dest="json_path")
     args = parser.parse_args(argv)
     if args.cmd == "worker":
         _worker_main(args.ready_file, args.stats_file)
+    elif args.cmd == "inprocess":
+        out = inprocess(args.gpus, args.seconds, repeats=args.repeats, profile_lines=args.profile_lines,
+                        json_path=args.json_path)
+        print(json.dumps({k: v for k, v in out.items() if not k.startswith("profile")}))
 
 
 if __name__ == "__main__":
