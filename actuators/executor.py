@@ -8,11 +8,21 @@ time and returns the events to publish:
   recorded final result is returned again, with the same ``event_id``, so a
   result lost between the ledger and Kafka is re-published and a duplicate
   is dropped downstream;
-* a refusal (malformed plan, unknown node or job, an action the backend
-  does not support, a stale decision, a safety refusal): ``pending -> failed``,
-  one ``failed`` result with the reason, nothing executed; a refusal by the
-  blast-radius breaker also opens the circuit and adds a sev1
-  ``actuator_circuit_open`` :class:`~vigil.schemas.Alert`;
+* a decision that is not vigil's (unsigned, a bad signature, an unknown key
+  id: :class:`~vigil.schemas.signing.Keyring`) or a replay (a decision id
+  already in the ledger, read again from another place in the log): one
+  ``failed`` result under an id of its own (``decision_id`` derived from the
+  refused decision's, so that the decision engine never takes it for the
+  outcome of a decision it made), nothing recorded under the decision's id,
+  nothing executed, and a sev2 ``actuator_refused_decision`` alert;
+* a refusal (malformed plan, a name that stands for a set of nodes, unknown
+  node or job, an action the backend does not support, a stale or
+  future-dated decision, a safety refusal): ``pending -> failed``, one
+  ``failed`` result with the reason, nothing executed; the refusals that say
+  the input was wrong (not the safety limits') add a sev2
+  ``actuator_refused_decision`` alert; a refusal by the blast-radius breaker
+  opens the circuit and adds a sev1 ``actuator_circuit_open``
+  :class:`~vigil.schemas.Alert`;
 * otherwise ``pending -> running`` (a ``running`` result) and the backend's
   final state (``succeeded`` / ``failed`` / ``timed_out``, a second result).
   A backend that raises is a ``failed`` result with the exception.
@@ -45,12 +55,17 @@ from vigil.actuators.safety import Safety
 from vigil.actuators.state import ActionState
 from vigil.schemas import ActionResult, Alert, Decision, Envelope, Source, Subject, to_seconds
 from vigil.schemas.envelope import from_seconds
+from vigil.schemas.signing import Keyring
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Executor", "CIRCUIT_ALERT_KIND"]
+__all__ = ["Executor", "CIRCUIT_ALERT_KIND", "REFUSED_ALERT_KIND"]
 
 CIRCUIT_ALERT_KIND = "actuator_circuit_open"
+REFUSED_ALERT_KIND = "actuator_refused_decision"
+#: Refusal alerts per kind of refusal in any minute; beyond, counted into the next one (a flood of
+#: forged decisions must not become a flood of pages).
+ALERTS_PER_MINUTE = 10
 _NS = uuid.UUID("0b7d2f3c-6a51-4f0e-8a7e-3c1f4b6e9d20")
 
 
@@ -81,11 +96,19 @@ class Executor:
     clock : callable, optional
         The owner's clock, read only to stamp when an action *finished* (so
         results carry real durations); without it the final result has ``now``.
+    keyring : Keyring, optional
+        The decision keys this actuator accepts signatures from. None: no keys,
+        so every decision is refused (as unsigned or signed with an unknown key)
+        unless the keyring allows unsigned ones.
+    max_future_s : float
+        Decisions dated more than this ahead of ``now`` are refused (a clock
+        problem, or a decision made to outlive its staleness limit).
     """
 
     def __init__(self, backend: Backend, ledger: Ledger, inventory: Inventory, safety: Safety | None = None, *,
                  dry_run: bool = False, source: Source | None = None, max_age_s: float | None = 600.0,
-                 actions: Iterable[str] | None = None, clock: Callable[[], datetime] | None = None) -> None:
+                 actions: Iterable[str] | None = None, clock: Callable[[], datetime] | None = None,
+                 keyring: Keyring | None = None, max_future_s: float = 60.0) -> None:
         self.backend = backend
         self.ledger = ledger
         self.inventory = inventory
@@ -95,11 +118,15 @@ class Executor:
         self.max_age_s = max_age_s
         self.actions = frozenset(actions) if actions is not None else None
         self.clock = clock
+        self.keyring = keyring if keyring is not None else Keyring()
+        self.max_future_s = max_future_s
         self.backend_label = f"dry-run:{backend.name}" if dry_run else backend.name
         self._last_reset = 0
         self._incident: str | None = None
         #: actions an asynchronous backend has under way: decision id -> (decision, ignored-keys note)
         self._running: dict[uuid.UUID, tuple[Decision, str]] = {}
+        #: kind of refusal -> (start of its minute, alerts sent in it, refusals not alerted since the last alert)
+        self._alerted: dict[str, tuple[float, int, int]] = {}
         self._replay()
 
     # -- state from the ledger ----------------------------------------------------------------------------
@@ -153,12 +180,14 @@ class Executor:
     # -- handling one decision ----------------------------------------------------------------------------
 
     def handle(self, decision: Decision, now: datetime,
-               emit: Callable[[Envelope], None] | None = None) -> list[Envelope]:
+               emit: Callable[[Envelope], None] | None = None, origin: str | None = None) -> list[Envelope]:
         """Carry out ``decision`` (or not); return the events to publish, in order.
 
         ``emit``, when given, is called with each event as soon as it exists:
         the ``running`` result before the backend runs, so it can be published
         while a long action is under way. The returned list holds them all.
+        ``origin``: where the decision was read (``topic/partition/offset``);
+        a known decision read from another place is a replay and is refused.
         """
         out: list[Envelope] = []
 
@@ -173,36 +202,56 @@ class Executor:
         if self.actions is not None and decision.action not in self.actions:
             log.info("decision %s (%s) is not for this actuator; ignored", decision.decision_id, decision.action)
             return out
+        unauthenticated = self.keyring.check(decision)
+        if unauthenticated is not None:
+            return send(self._rejected(decision, "unauthenticated", f"not a decision of vigil's decision engine: "
+                                       f"{unauthenticated}; nothing executed", now, origin))
         known = self.ledger.lookup(decision)
         if known is not None:
+            if origin is not None and known.decision_id == str(decision.decision_id):
+                first = self.ledger.origin_of(known.decision_id)
+                if first is not None and first != origin:
+                    return send(self._rejected(
+                        decision, "replayed", f"replayed: decision {decision.decision_id} was first read at {first} "
+                        f"(it {known.state.value}), and again at {origin}; a decision acts at most once", now, origin))
             return send(self._replayed(decision, known, now))
         t = to_seconds(now)
         rec, created = self.ledger.begin(decision, self.backend_label, t)
         if not created:  # recorded between lookup and begin (another thread): the same as known
             return send(self._replayed(decision, rec, now))
         did = decision.decision_id
+        if origin is not None:
+            self.ledger.record_origin(did, origin)
 
-        def refuse(why: str) -> list[Envelope]:
+        def refuse(why: str, alert: str | None = None) -> list[Envelope]:
             log.warning("decision %s (%s) refused: %s", did, decision.action, why)
             final = self.ledger.transition(did, ActionState.failed, t, detail=why)
-            return send([self._result(decision, final.state, final.detail, now)])
+            send([self._result(decision, final.state, final.detail, now)])
+            if alert is not None:
+                send(self._refusal_alert(decision, alert, why, now, origin))
+            return out
 
         try:
             action = parse_action(decision)
         except PlanError as exc:
-            return refuse(f"malformed plan: {exc}")
+            return refuse(f"malformed plan: {exc}", "malformed_plan")
         if self.max_age_s is not None and t - to_seconds(decision.event_time) > self.max_age_s:
             age = t - to_seconds(decision.event_time)
             return refuse(f"stale decision: made at {decision.event_time.isoformat()}, {age:.0f} s ago "
-                          f"(at most {self.max_age_s:g} s); not acting on an old picture of the cluster")
+                          f"(at most {self.max_age_s:g} s); not acting on an old picture of the cluster", "stale")
+        if to_seconds(decision.event_time) - t > self.max_future_s:
+            return refuse(f"decision dated {decision.event_time.isoformat()}, "
+                          f"{to_seconds(decision.event_time) - t:.0f} s ahead of this actuator's clock "
+                          f"(at most {self.max_future_s:g} s): check the clocks", "future")
         if action.action in NO_MACHINE_ACTIONS:
             return send(self._no_machine_action(action, t, now))
         if action.action not in self.backend.supports:
             return refuse(f"{action.action} is not supported by the {self.backend.name} backend "
                           f"(it supports: {', '.join(sorted(self.backend.supports))})")
+        self.inventory.refresh(t)
         unknown = self._unknown_targets(action, check_nodes=getattr(self.backend, "acts_on_nodes", True))
         if unknown:
-            return refuse(unknown)
+            return refuse(unknown, "unknown_target")
         progress = self.safety.progress_of(action)
         refusal = self.safety.check(action, t, len(self.inventory.nodes), progress)
         if refusal is not None:
@@ -271,8 +320,8 @@ class Executor:
             problems.append(f"unknown node{'s' if len(nodes) > 1 else ''} {', '.join(repr(n) for n in nodes[:10])}")
         if not problems:
             return None
-        return (f"{' and '.join(problems)}: not in this actuator's inventory ({len(self.inventory.nodes)} nodes, "
-                f"{len(self.inventory.jobs)} jobs, from --node/--job/--inventory and the state topics); nothing executed")
+        return (f"{' and '.join(problems)}: not in this actuator's inventory ({self.inventory!r}: the operator's "
+                f"--node/--job/--inventory and scheduler; never the state topics); nothing executed")
 
     def _open_circuit(self, action: Action, why: str, t: float, now: datetime) -> list[Envelope]:
         incident = str(uuid.uuid5(_NS, f"circuit/{self.source.cluster}/{self.source.node}/{t!r}"))
@@ -297,6 +346,45 @@ class Executor:
                      detection_time=now, summary=summary, evidence=[evidence], evidence_count=1,
                      detector="actuator.circuit_breaker", detector_version="1")
 
+    # -- refusals of what is not vigil's ----------------------------------------------------------------
+
+    def _rejected(self, decision: Decision, kind: str, why: str, now: datetime, origin: str | None) -> list[Envelope]:
+        """A decision refused before the ledger: a result under an id of its own, and an alert."""
+        log.warning("decision %s (%s) refused: %s", decision.decision_id, decision.action, why)
+        rid = uuid.uuid5(_NS, f"rejected/{kind}/{decision.decision_id}/{decision.signature}/{origin}")
+        detail = f"refused decision {decision.decision_id} ({decision.action}): {why}"
+        result = ActionResult(event_id=uuid.uuid5(_NS, f"result/{rid}"), event_time=now,
+                              source=Source(cluster=self.source.cluster, node=self.source.node),
+                              decision_id=rid, state=ActionState.failed.value, backend=self.backend_label,
+                              detail=detail[:4000])
+        return [result, *self._refusal_alert(decision, kind, why, now, origin)]
+
+    def _refusal_alert(self, decision: Decision, kind: str, why: str, now: datetime,
+                       origin: str | None) -> list[Alert]:
+        """A sev2 alert for a refused decision (at most :data:`ALERTS_PER_MINUTE` per kind of refusal)."""
+        t = to_seconds(now)
+        start, sent, held = self._alerted.get(kind, (t, 0, 0))
+        if t - start >= 60.0:
+            start, sent = t, 0
+        if sent >= ALERTS_PER_MINUTE:
+            self._alerted[kind] = (start, sent, held + 1)
+            return []
+        self._alerted[kind] = (start, sent + 1, 0)
+        incident = uuid.uuid5(_NS, f"refused/{kind}/{decision.decision_id}/{decision.signature}/{origin}")
+        more = f" ({held} more {kind} refusal(s) not alerted separately)" if held else ""
+        try:  # (the target as given: a model built without validation may hold anything)
+            subject = Subject(job=decision.target.job, node=decision.target.node)
+        except ValueError:
+            subject = Subject()
+        return [Alert(event_id=uuid.uuid5(_NS, f"alert/{incident}/1"), event_time=now,
+                      source=Source(cluster=self.source.cluster, node=self.source.node),
+                      incident_id=incident, incident_version=1, status="open", severity=2, kind=REFUSED_ALERT_KIND,
+                      subject=subject, onset_time=now, detection_time=now,
+                      summary=f"actuator refused a decision ({kind}): {why}{more}"[:1000],
+                      evidence=[{"decision_id": str(decision.decision_id), "action": decision.action, "refusal": kind,
+                                 "origin": origin, "suppressed": held}],
+                      evidence_count=1 + held, detector="actuator.integrity", detector_version="1")]
+
     # -- results ------------------------------------------------------------------------------------------
 
     def _replayed(self, decision: Decision, rec: LedgerRecord, now: datetime) -> list[Envelope]:
@@ -319,7 +407,7 @@ class Executor:
               job: str | None) -> ActionResult:
         # One id per (decision, state, reporter): a re-published result is the same event.
         eid = uuid.uuid5(_NS, f"result/{decision_id}/{state.value}/{self.source.cluster}/{self.source.node}")
-        if job is not None and not NAME_RE.match(job):
+        if job is not None and not NAME_RE.fullmatch(job):
             job = None  # a malformed target is not repeated into the result's source
         return ActionResult(event_id=eid, event_time=now,
                             source=Source(cluster=self.source.cluster, node=self.source.node, job=job),

@@ -15,6 +15,10 @@ Crash recovery, on open (no partial state is left behind):
 * a row left ``pending`` is deleted: nothing ran, and the decision (whose
   offset was not committed) is redelivered and handled afresh.
 
+The ledger also records where in the log each decision was first read
+(``topic/partition/offset``, :meth:`Ledger.record_origin`): the same decision
+read again from the same place is a redelivery, from another place a replay.
+
 The ledger also keeps the circuit breaker's state and the human resets
 (:meth:`Ledger.request_reset`, usable from another process while the
 actuator runs: SQLite in WAL mode lets one writer and readers share the
@@ -69,6 +73,10 @@ CREATE TABLE IF NOT EXISTS circuit (
     opened_at   REAL,
     reason      TEXT NOT NULL DEFAULT '',
     incident_id TEXT
+);
+CREATE TABLE IF NOT EXISTS origins (
+    decision_id TEXT PRIMARY KEY,
+    origin      TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS resets (
     id     INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -132,6 +140,8 @@ class Reset:
 
 
 def _connect(path: Path) -> sqlite3.Connection:
+    if not path.exists():  # the ledger is the actuator's own: readable by its user only
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")  # an action recorded is an action that survives a power cut
@@ -144,8 +154,9 @@ class Ledger:
 
     def __init__(self, path: str | os.PathLike, *, now: float) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lockfile = open(self.path.with_name(self.path.name + ".lock"), "a+")
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        lock = self.path.with_name(self.path.name + ".lock")
+        self._lockfile = os.fdopen(os.open(lock, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600), "a+")
         try:
             fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -259,6 +270,17 @@ class Ledger:
         rec = self.get(did)
         assert rec is not None
         return rec
+
+    def record_origin(self, decision_id: object, origin: str) -> None:
+        """Where ``decision_id`` was first read (kept if already recorded)."""
+        with self._lock:
+            self._conn.execute("INSERT OR IGNORE INTO origins (decision_id, origin) VALUES (?, ?)",
+                               (str(decision_id), origin[:500]))
+
+    def origin_of(self, decision_id: object) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT origin FROM origins WHERE decision_id = ?", (str(decision_id),)).fetchone()
+        return row[0] if row else None
 
     # -- the circuit breaker and human resets ------------------------------------------------------------
 

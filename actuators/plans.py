@@ -21,9 +21,14 @@ decision was made; the no-progress guard uses it). Keys a plan does not know
 are not an error (the engine may carry its own bookkeeping) but are listed in
 :attr:`Action.ignored_keys`, so what was ignored is said.
 
-Names (jobs, nodes) must match :data:`NAME_RE` so that they can be argv
-elements of scheduler commands: no leading ``-`` (no option injection), no
-spaces, quotes, ``$``, ``;`` or control characters. Reason text is free but
+Names (jobs, nodes) must match :data:`NAME_RE` in full (``fullmatch``: a
+trailing newline is not a name) so that they can be argv elements of
+scheduler commands: no leading ``-`` (no option injection), no spaces,
+quotes, ``$``, ``;`` or control characters. A name may not stand for a set
+of nodes: ``ALL`` (Slurm's every node), host ranges and lists
+(``node[1-64]``, ``a,b``) and globs are refused, so the blast-radius breaker
+counts every node an action takes out (an operator's inventory may list
+ranges: they are expanded, node by node). Reason text is free but
 goes through :func:`clean_reason` (control characters out, length capped)
 and is always passed as one argv element, never through a shell.
 """
@@ -38,12 +43,16 @@ from vigil.actuators.errors import PlanError
 from vigil.schemas import Decision
 
 __all__ = [
-    "Action", "JOB_ACTIONS", "NAME_RE", "NO_MACHINE_ACTIONS", "RESTART_ACTIONS", "check_name", "clean_reason",
-    "parse_action",
+    "Action", "JOB_ACTIONS", "NAME_RE", "NO_MACHINE_ACTIONS", "RESERVED_NAMES", "RESTART_ACTIONS", "check_name",
+    "clean_reason", "parse_action",
 ]
 
-#: What a job or node name may look like (a DNS name, a Slurm job id, a k8s object name...).
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,252}$")
+#: What a job or node name may look like (a DNS name, a Slurm job id, a k8s object name...);
+#: always matched with ``fullmatch``.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,252}")
+#: Names that stand for every node to a scheduler (``scontrol update nodename=ALL``), case-insensitive.
+RESERVED_NAMES = frozenset({"all"})
+_SET_SYNTAX = re.compile(r"[\[\],*?{}]")
 
 #: Actions with no machine effect: the executor answers them itself.
 NO_MACHINE_ACTIONS = frozenset({"notify_human", "none"})
@@ -75,7 +84,10 @@ def check_name(value: object, field: str) -> str:
     """``value`` if it is a valid job/node name, else :class:`PlanError` naming ``field``."""
     if not isinstance(value, str):
         raise PlanError(f"{field}: expected a name (string), got {type(value).__name__}", field)
-    if not NAME_RE.match(value):
+    if value.lower() in RESERVED_NAMES or _SET_SYNTAX.search(value):
+        raise PlanError(f"{field}: {value[:80]!r} names a set of nodes (ALL, a range or a list), not one; vigil acts "
+                        "on single nodes, so that the blast-radius breaker counts each", field)
+    if not NAME_RE.fullmatch(value):
         raise PlanError(f"{field}: {value[:80]!r} is not a valid name (expected {NAME_RE.pattern})", field)
     return value
 

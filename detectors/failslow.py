@@ -2,8 +2,9 @@
 
 Detection runs on the job's iteration-time series (in a synchronous job every
 rank sees the same step time) with a change-point detector from the registry,
-:class:`~vigil.detectors.verification.BOCDVerify` by default (Falcon's BOCD +
-verification). When it verifies a slowdown, the per-rank split of the steps
+:class:`~vigil.detectors.verification.ResidualCUSUMVerify` by default (a
+robust residual CUSUM's candidates through Falcon's verification; Falcon's
+own BOCD + verification remains as ``core="bocd_verify"``). When it verifies a slowdown, the per-rank split of the steps
 around the onset tells computation from communication: a slow GPU makes the
 slowest rank compute longer, a slow link makes every rank's communication
 longer, even the one that waits least. For a computation fail-slow, the rank
@@ -24,7 +25,7 @@ import numpy as np
 
 from vigil.detectors.base import REGISTRY, Detector, DetectorError, Finding, KeyContext, register
 from vigil.detectors.inputs import PROGRESS, RANK_TIMINGS, Progress, RankTimings
-from vigil.schemas import Slowdown
+from vigil.schemas import JobState, Slowdown
 
 __all__ = ["FailSlowDetector", "slowdown_class"]
 
@@ -59,7 +60,11 @@ class FailSlowDetector(Detector):
     core : str
         Registry name of the change-point detector run on the iteration
         times; it must offer ``update(x, *, t)`` and a ``finding`` holding the
-        fail-slow in progress (``"bocd_verify"``).
+        fail-slow in progress: ``"residual_cusum_verify"`` (robust to trends,
+        seasons, warm-ups and short series; see
+        :mod:`vigil.detectors.residual_cusum`) or Falcon's ``"bocd_verify"``.
+        A restart of the job starts it afresh: the step time after a restart
+        on other nodes is a new regime, not a fail-slow.
     history : int
         Steps of per-rank split kept for the classification.
     **core_params :
@@ -85,11 +90,11 @@ class FailSlowDetector(Detector):
     """
 
     name = "fail_slow"
-    version = "1"
-    consumes = (PROGRESS, RANK_TIMINGS)
+    version = "2"
+    consumes = (PROGRESS, RANK_TIMINGS, "job_state")
     per = "job"
 
-    def __init__(self, core: str = "bocd_verify", history: int = 512, **core_params: Any) -> None:
+    def __init__(self, core: str = "residual_cusum_verify", history: int = 512, **core_params: Any) -> None:
         cls = REGISTRY.get(core)
         if cls is None:
             raise DetectorError(f"core must name a registered change-point detector, got {core!r}")
@@ -107,7 +112,12 @@ class FailSlowDetector(Detector):
         self._slowest: list[tuple[float, str | None, int | None]] = []  # (end, node, gpu) of each step's slowest rank
         self._classified: tuple[float, Finding] | None = None
 
-    def observe(self, item: Progress | RankTimings, *, t: float, context: KeyContext | None = None) -> None:
+    def observe(self, item: Progress | RankTimings | JobState, *, t: float,
+                context: KeyContext | None = None) -> None:
+        if isinstance(item, JobState):
+            if item.state == "restarting":
+                self._reset()
+            return
         if isinstance(item, Progress):
             if item.duration_s > 0:
                 self._detector.update(item.duration_s, t=item.end)
@@ -162,11 +172,11 @@ class FailSlowDetector(Detector):
 
     @classmethod
     def _conformance_feed(cls, seed: int):
-        return REGISTRY["bocd_verify"]._conformance_feed(seed)
+        return REGISTRY["residual_cusum_verify"]._conformance_feed(seed)
 
     @classmethod
     def _conformance_warmup(cls) -> int:
-        return REGISTRY["bocd_verify"]._conformance_warmup()
+        return REGISTRY["residual_cusum_verify"]._conformance_warmup()
 
 
 def _finite(v: Any) -> float | None:

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import uuid
 from enum import Enum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import AwareDatetime, Field, model_validator
 
-from vigil.schemas.envelope import Envelope, Frozen
+from vigil.schemas.envelope import (
+    INT32_MAX, INT64_MAX, INT64_MIN, Count, Envelope, Frozen, Label, Name, label_field,
+    name_field, time_field,
+)
+
+#: An unsigned 64-bit counter as the kernel reports it (stored as JSON text, not as an Int64 column).
+U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
+#: A GPU index on a node.
+GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 
 # --- telemetry --------------------------------------------------------------
 
@@ -26,15 +34,15 @@ class IterationTiming(Envelope):
     """One training iteration of one rank, with its compute/communication split."""
 
     event_type: Literal["iteration"] = Field("iteration", description="Event type tag.")
-    step: int = Field(ge=0, description="Training step (iteration) number.")
-    start: AwareDatetime = Field(description="When the iteration began.")
-    end: AwareDatetime = Field(description="When the iteration completed.")
+    step: int = Field(ge=0, le=INT64_MAX, description="Training step (iteration) number.")
+    start: AwareDatetime = time_field(description="When the iteration began.")
+    end: AwareDatetime = time_field(description="When the iteration completed.")
     duration_s: float = Field(ge=0, description="Iteration wall time in seconds (end - start).")
     compute_s: float | None = Field(None, ge=0, description="Seconds spent computing (forward/backward/optimizer).")
     communication_s: float | None = Field(None, ge=0, description="Seconds spent in (or waiting on) collectives.")
-    dp: int | None = Field(None, ge=0, description="Data-parallel coordinate of the rank.")
-    pp: int | None = Field(None, ge=0, description="Pipeline-parallel coordinate (stage) of the rank.")
-    tp: int | None = Field(None, ge=0, description="Tensor-parallel coordinate of the rank.")
+    dp: int | None = Field(None, ge=0, le=INT64_MAX, description="Data-parallel coordinate of the rank.")
+    pp: int | None = Field(None, ge=0, le=INT64_MAX, description="Pipeline-parallel coordinate (stage) of the rank.")
+    tp: int | None = Field(None, ge=0, le=INT64_MAX, description="Tensor-parallel coordinate of the rank.")
     wait_s: float | None = Field(None, ge=0, description=(
         "Seconds blocked waiting for peers outside collectives (pipeline bubbles, point-to-point send/recv "
         "waits); counted in neither compute_s nor communication_s."))
@@ -65,18 +73,18 @@ class IterationStep(Envelope):
     """
 
     event_type: Literal["iteration_step"] = Field("iteration_step", description="Event type tag.")
-    step: int = Field(ge=0, description="Training step (iteration) number.")
-    start: AwareDatetime = Field(description="When the step began.")
-    end: AwareDatetime = Field(description="When the step completed (on every rank: it is synchronous).")
+    step: int = Field(ge=0, le=INT64_MAX, description="Training step (iteration) number.")
+    start: AwareDatetime = time_field(description="When the step began.")
+    end: AwareDatetime = time_field(description="When the step completed (on every rank: it is synchronous).")
     duration_s: float = Field(ge=0, description="Step wall time in seconds.")
-    ranks: list[int] = Field(min_length=1, description="Global ranks, one per column element.")
-    nodes: list[str] = Field(description="Node of each rank.")
-    gpus: list[int] = Field(description="GPU index of each rank on its node.")
+    ranks: list[Count] = Field(min_length=1, description="Global ranks, one per column element.")
+    nodes: list[Name] = Field(description="Node of each rank.")
+    gpus: list[GpuIndex] = Field(description="GPU index of each rank on its node.")
     compute_s: list[float] = Field(description="Seconds each rank spent computing.")
     communication_s: list[float] = Field(description="Seconds each rank spent in (or waiting on) collectives.")
-    dp: list[int] = Field(description="Data-parallel coordinate of each rank.")
-    pp: list[int] = Field(description="Pipeline-parallel coordinate (stage) of each rank.")
-    tp: list[int] = Field(description="Tensor-parallel coordinate of each rank.")
+    dp: list[Count] = Field(description="Data-parallel coordinate of each rank.")
+    pp: list[Count] = Field(description="Pipeline-parallel coordinate (stage) of each rank.")
+    tp: list[Count] = Field(description="Tensor-parallel coordinate of each rank.")
     wait_s: list[float] = Field(default_factory=list, description=(
         "Seconds each rank was blocked waiting for peers outside collectives (pipeline bubbles, P2P waits); "
         "empty when not measured (a ClickHouse array cannot be null)."))
@@ -113,20 +121,20 @@ class CollectiveCall(Envelope):
 
     event_type: Literal["collective"] = Field("collective", description="Event type tag.")
     op: CollectiveOp = Field(description="Collective operation.")
-    group: str = Field(min_length=1, description="Process group the call ran in.")
-    nbytes: int = Field(0, ge=0, description="Payload size in bytes.")
-    start: AwareDatetime = Field(description="When the call was issued.")
-    end: AwareDatetime = Field(description="When the call completed.")
+    group: str = label_field(description="Process group the call ran in.")
+    nbytes: int = Field(0, ge=0, le=INT64_MAX, description="Payload size in bytes.")
+    start: AwareDatetime = time_field(description="When the call was issued.")
+    end: AwareDatetime = time_field(description="When the call completed.")
 
 
 class XidError(Envelope):
     """An NVIDIA XID error reported by the driver (kernel log or NVML event)."""
 
     event_type: Literal["xid"] = Field("xid", description="Event type tag.")
-    code: int = Field(ge=0, description="XID number (79 for a bare 'fallen off the bus' line).")
-    pci_bus_id: str | None = Field(None, description="PCI bus id of the GPU, e.g. 0000:3b:00.")
-    pid: int | None = Field(None, ge=0, description="Process id named by the driver, when known.")
-    process_name: str | None = Field(None, description="Process name named by the driver, when known.")
+    code: int = Field(ge=0, le=INT64_MAX, description="XID number (79 for a bare 'fallen off the bus' line).")
+    pci_bus_id: str | None = label_field(None, "PCI bus id of the GPU, e.g. 0000:3b:00.")
+    pid: int | None = Field(None, ge=0, le=INT64_MAX, description="Process id named by the driver, when known.")
+    process_name: str | None = label_field(None, "Process name named by the driver, when known.")
     message: str = Field("", description="The driver's text after the code.")
     raw_line: str | None = Field(None, description="The kernel log line as read, kept verbatim.")
 
@@ -135,10 +143,10 @@ class NicCounters(Envelope):
     """Cumulative counters of one NIC port (RoCE hw_counters and IB counters)."""
 
     event_type: Literal["nic_counters"] = Field("nic_counters", description="Event type tag.")
-    device: str = Field(min_length=1, description="RDMA device name, e.g. mlx5_0.")
-    port: int = Field(ge=1, description="Port number on the device.")
-    counters: dict[str, int] = Field(description="Counter name to cumulative value as read from sysfs.")
-    port_state: str | None = Field(None, description="Port state, e.g. ACTIVE or DOWN.")
+    device: str = label_field(description="RDMA device name, e.g. mlx5_0.")
+    port: int = Field(ge=1, le=INT64_MAX, description="Port number on the device.")
+    counters: dict[Label, U64] = Field(description="Counter name to cumulative value as read from sysfs.")
+    port_state: str | None = label_field(None, "Port state, e.g. ACTIVE or DOWN.")
 
 
 class GpuTelemetry(Envelope):
@@ -146,26 +154,26 @@ class GpuTelemetry(Envelope):
 
     event_type: Literal["gpu_telemetry"] = Field("gpu_telemetry", description="Event type tag.")
     utilization_pct: float | None = Field(None, ge=0, le=100, description="GPU utilization in percent.")
-    memory_used_bytes: int | None = Field(None, ge=0, description="Device memory in use.")
-    memory_total_bytes: int | None = Field(None, ge=0, description="Device memory in total.")
+    memory_used_bytes: int | None = Field(None, ge=0, le=INT64_MAX, description="Device memory in use.")
+    memory_total_bytes: int | None = Field(None, ge=0, le=INT64_MAX, description="Device memory in total.")
     temperature_c: float | None = Field(None, description="GPU core temperature in degrees Celsius.")
     sm_clock_mhz: float | None = Field(None, ge=0, description="SM clock in MHz.")
     mem_clock_mhz: float | None = Field(None, ge=0, description="Memory clock in MHz.")
     power_w: float | None = Field(None, ge=0, description="Power draw in watts.")
-    throttle_reasons: int | None = Field(None, ge=0, description="NVML clocks-event (throttle) reason bitmask.")
-    ecc_sbe: int | None = Field(None, ge=0, description="Corrected (single-bit) ECC errors, volatile count.")
-    ecc_dbe: int | None = Field(None, ge=0, description="Uncorrected (double-bit) ECC errors, volatile count.")
-    retired_pages: int | None = Field(None, ge=0, description="Retired pages (pre-Ampere) in total.")
-    remapped_rows: int | None = Field(None, ge=0, description="Remapped rows (Ampere and later) in total.")
-    pcie_replays: int | None = Field(None, ge=0, description="PCIe replay counter.")
-    nvlink_errors: dict[str, int] = Field(default_factory=dict, description="NVLink error counters by name.")
+    throttle_reasons: int | None = Field(None, ge=0, le=INT64_MAX, description="NVML clocks-event (throttle) reason bitmask.")
+    ecc_sbe: int | None = Field(None, ge=0, le=INT64_MAX, description="Corrected (single-bit) ECC errors, volatile count.")
+    ecc_dbe: int | None = Field(None, ge=0, le=INT64_MAX, description="Uncorrected (double-bit) ECC errors, volatile count.")
+    retired_pages: int | None = Field(None, ge=0, le=INT64_MAX, description="Retired pages (pre-Ampere) in total.")
+    remapped_rows: int | None = Field(None, ge=0, le=INT64_MAX, description="Remapped rows (Ampere and later) in total.")
+    pcie_replays: int | None = Field(None, ge=0, le=INT64_MAX, description="PCIe replay counter.")
+    nvlink_errors: dict[Label, U64] = Field(default_factory=dict, description="NVLink error counters by name.")
 
 
 class Heartbeat(Envelope):
     """A sign of life from a node agent, sent every ``interval_s`` seconds."""
 
     event_type: Literal["heartbeat"] = Field("heartbeat", description="Event type tag.")
-    seq: int = Field(ge=0, description="Sequence number, +1 per heartbeat since the agent started.")
+    seq: int = Field(ge=0, le=INT64_MAX, description="Sequence number, +1 per heartbeat since the agent started.")
     interval_s: float = Field(gt=0, description="The agent's heartbeat interval in seconds.")
 
 
@@ -173,10 +181,10 @@ class ProcessExit(Envelope):
     """A training process ended."""
 
     event_type: Literal["process_exit"] = Field("process_exit", description="Event type tag.")
-    pid: int = Field(ge=0, description="Process id.")
-    exit_code: int | None = Field(None, description="Exit code, when the process exited.")
-    signal: int | None = Field(None, ge=1, description="Signal number, when the process was killed by one.")
-    local_rank: int | None = Field(None, ge=0, description="Local rank on the node.")
+    pid: int = Field(ge=0, le=INT64_MAX, description="Process id.")
+    exit_code: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX, description="Exit code, when the process exited.")
+    signal: int | None = Field(None, ge=1, le=INT64_MAX, description="Signal number, when the process was killed by one.")
+    local_rank: int | None = Field(None, ge=0, le=INT64_MAX, description="Local rank on the node.")
     command: str | None = Field(None, description="Command line of the process.")
 
 
@@ -196,10 +204,10 @@ class TrainingException(Envelope):
 
     event_type: Literal["training_exception"] = Field("training_exception", description="Event type tag.")
     category: ExceptionCategory = Field(description="Classified kind of failure.")
-    exc_type: str = Field(description="Exception class name.")
+    exc_type: str = label_field(description="Exception class name.")
     message: str = Field("", description="Exception message.")
     traceback: str | None = Field(None, description="Formatted traceback.")
-    thread: str | None = Field(None, description="Name of the thread that raised it.")
+    thread: str | None = label_field(None, "Name of the thread that raised it.", min_length=0)
 
 
 class FlightRecorderDump(Envelope):
@@ -253,20 +261,20 @@ class JobState(Envelope):
     state: Literal["pending", "running", "restarting", "completed", "failed", "cancelled", "preempted",
                    "time_limit"] = Field(description="Lifecycle state of the job.")
     reason: str = Field("", max_length=2000, description="Why the state changed, for a human.")
-    exit_codes: dict[str, int] = Field(default_factory=dict, description="Global rank -> exit code (negative: "
+    exit_codes: dict[str, Annotated[int, Field(ge=-255, le=255)]] = Field(default_factory=dict, description="Global rank -> exit code (negative: "
                                        "killed by that signal), when the job's processes ended.")
-    restart_count: int = Field(0, ge=0, description="Restarts of the job's processes so far.")
-    run: str | None = Field(None, min_length=1, max_length=256, description="The training run this job belongs to: "
-                            "one run across a chain of jobs that resume each other.")
-    checkpoint_step: int | None = Field(None, ge=0, description="Step of the checkpoint the job saved on leaving.")
+    restart_count: int = Field(0, ge=0, le=INT64_MAX, description="Restarts of the job's processes so far.")
+    run: str | None = name_field(None, "The training run this job belongs to: one run across a chain of jobs that "
+                                 "resume each other.")
+    checkpoint_step: int | None = Field(None, ge=0, le=INT64_MAX, description="Step of the checkpoint the job saved on leaving.")
     checkpoint_s: float | None = Field(None, ge=0, description="Seconds that checkpoint took.")
-    nodes: list[str] = Field(default_factory=list, description="Nodes the job runs on.")
-    gpus: int = Field(0, ge=0, description="GPUs the job holds.")
-    dp: int = Field(1, ge=1, description="Data-parallel size.")
-    pp: int = Field(1, ge=1, description="Pipeline-parallel size.")
-    tp: int = Field(1, ge=1, description="Tensor-parallel size.")
+    nodes: list[Name] = Field(default_factory=list, description="Nodes the job runs on.")
+    gpus: int = Field(0, ge=0, le=INT64_MAX, description="GPUs the job holds.")
+    dp: int = Field(1, ge=1, le=INT64_MAX, description="Data-parallel size.")
+    pp: int = Field(1, ge=1, le=INT64_MAX, description="Pipeline-parallel size.")
+    tp: int = Field(1, ge=1, le=INT64_MAX, description="Tensor-parallel size.")
     weight: float = Field(1.0, gt=0, description="Priority weight of the job.")
-    min_gpus: int = Field(0, ge=0, description="Fewest GPUs the job can run on.")
+    min_gpus: int = Field(0, ge=0, le=INT64_MAX, description="Fewest GPUs the job can run on.")
 
 
 class NodeState(Envelope):
@@ -307,25 +315,26 @@ class Checkpoint(Envelope):
 class Subject(Frozen):
     """What an alert or decision is about; fields that do not apply stay unset."""
 
-    job: str | None = Field(None, description="Training job id.")
-    node: str | None = Field(None, description="Node host name.")
-    gpu: int | None = Field(None, ge=0, description="GPU index on the node.")
-    rank: int | None = Field(None, ge=0, description="Global rank.")
-    link: str | None = Field(None, description="Network link, e.g. node/mlx5_0:1.")
+    job: str | None = name_field(None, "Training job id.")
+    node: str | None = name_field(None, "Node host name.")
+    gpu: int | None = Field(None, ge=0, le=1023, description="GPU index on the node.")
+    rank: int | None = Field(None, ge=0, le=INT64_MAX, description="Global rank.")
+    link: str | None = label_field(None, "Network link, e.g. node/mlx5_0:1.", max_length=1024)
+    run: str | None = name_field(None, "Training run: a chain of jobs that resume one another.")
 
 
 class Slowdown(Frozen):
     """A job running slower than it did: how much, of what kind, and where when localized."""
 
-    job: str | None = Field(None, description="The job that slowed down.")
+    job: str | None = name_field(None, "The job that slowed down.")
     before_s: float | None = Field(None, ge=0, description="Iteration time before the slowdown, in seconds.")
     after_s: float | None = Field(None, ge=0, description="Iteration time since the slowdown, in seconds.")
     rel_change: float | None = Field(None, description="after / before - 1.")
     slowdown_class: Literal["computation", "communication"] | None = Field(
         None, description="Which part of the step grew: computation (a slow GPU) or communication (a slow link); "
         "unset when it could not be told.")
-    node: str | None = Field(None, description="Node of the straggler, when localized.")
-    gpu: int | None = Field(None, ge=0, description="GPU of the straggler on that node, when localized.")
+    node: str | None = name_field(None, "Node of the straggler, when localized.")
+    gpu: int | None = Field(None, ge=0, le=1023, description="GPU of the straggler on that node, when localized.")
 
 
 class Alert(Envelope):
@@ -338,19 +347,19 @@ class Alert(Envelope):
 
     event_type: Literal["alert"] = Field("alert", description="Event type tag.")
     incident_id: uuid.UUID = Field(description="Stable id of the incident (one root cause).")
-    incident_version: int = Field(ge=1, description="Version of the incident, +1 per update.")
+    incident_version: int = Field(ge=1, le=INT64_MAX, description="Version of the incident, +1 per update.")
     status: Literal["open", "update", "resolved"] = Field(description="What this version says.")
     severity: int = Field(ge=1, le=3, description="1 = node/hardware must leave the job, 2 = restart, 3 = retry.")
-    kind: str = Field(min_length=1, description="Failure kind, e.g. node_lost, task_hang.")
+    kind: str = label_field(description="Failure kind, e.g. node_lost, task_hang.")
     subject: Subject = Field(description="What failed.")
-    onset_time: AwareDatetime = Field(description="When the failure began (last sign of health).")
-    detection_time: AwareDatetime = Field(description="When vigil detected it.")
+    onset_time: AwareDatetime = time_field(description="When the failure began (last sign of health).")
+    detection_time: AwareDatetime = time_field(description="When vigil detected it.")
     summary: str = Field("", description="One line for a human.")
     evidence: list[dict[str, Any]] = Field(default_factory=list, description="Observations behind the alert (bounded sample).")
-    evidence_count: int = Field(0, ge=0, description="How many pieces of evidence were seen in total.")
-    detector: str = Field(min_length=1, description="Name of the detector that raised it.")
-    detector_version: str = Field(min_length=1, description="Version of that detector.")
-    jobs: dict[str, list[str]] = Field(default_factory=dict, description="Jobs the incident touches, each with the "
+    evidence_count: int = Field(0, ge=0, le=INT64_MAX, description="How many pieces of evidence were seen in total.")
+    detector: str = label_field(description="Name of the detector that raised it.")
+    detector_version: str = label_field(description="Version of that detector.")
+    jobs: dict[Name, list[Name]] = Field(default_factory=dict, description="Jobs the incident touches, each with the "
                                        "nodes it was seen running on: what a remedy acts on.")
     slowdowns: list[Slowdown] = Field(default_factory=list, description="The fail-slows in the incident, one per job.")
 
@@ -364,14 +373,14 @@ class DetectorFinding(Envelope):
 
     event_type: Literal["finding"] = Field("finding", description="Event type tag.")
     status: Literal["raised", "cleared"] = Field(description="The condition began, or ended.")
-    kind: str = Field(min_length=1, description="What was found, e.g. node_lost, fail_slow, xid, congestion.")
+    kind: str = label_field(description="What was found, e.g. node_lost, fail_slow, xid, congestion.")
     severity: int = Field(ge=1, le=3, description="Severity the detector assigns on its own.")
     subject: Subject = Field(description="What the finding is about.")
-    onset_time: AwareDatetime = Field(description="When the condition began.")
-    detector: str = Field(min_length=1, description="Detector name.")
-    detector_version: str = Field(min_length=1, description="Detector version.")
-    job_nodes: list[str] = Field(default_factory=list, description="Nodes the subject job runs on, when known.")
-    affected_jobs: list[str] = Field(default_factory=list, description="Jobs running on the subject node when it "
+    onset_time: AwareDatetime = time_field(description="When the condition began.")
+    detector: str = label_field(description="Detector name.")
+    detector_version: str = label_field(description="Detector version.")
+    job_nodes: list[Name] = Field(default_factory=list, description="Nodes the subject job runs on, when known.")
+    affected_jobs: list[Name] = Field(default_factory=list, description="Jobs running on the subject node when it "
                                      "was found (what a node's failure takes down).")
     slowdown: Slowdown | None = Field(None, description="For a fail-slow or straggler: its size, class and place.")
     evidence: dict[str, Any] = Field(default_factory=dict, description="The detector's evidence.")
@@ -382,7 +391,7 @@ class Decision(Envelope):
 
     event_type: Literal["decision"] = Field("decision", description="Event type tag.")
     decision_id: uuid.UUID = Field(description="Id of the decision; actuators are idempotent on it.")
-    idempotency_key: str = Field(min_length=1, description="Key that makes a repeated decision a no-op.")
+    idempotency_key: str = label_field(max_length=1 << 20, description="Key that makes a repeated decision a no-op.")
     action: Literal[
         "retry_in_place", "restart_process", "reconfigure", "isolate_node",
         "rebalance_microbatches", "adjust_topology", "checkpoint_restart", "replan", "notify_human", "none",
@@ -391,6 +400,10 @@ class Decision(Envelope):
     reason: str = Field(description="Why this action was chosen.")
     answers: list[uuid.UUID] = Field(default_factory=list, description="Incident ids this decision answers.")
     plan: dict[str, Any] = Field(default_factory=dict, description="Action-specific plan (placement, micro-batches...).")
+    signature: str | None = Field(
+        None, max_length=256, pattern=r"^v1:[A-Za-z0-9_.-]{1,64}:[A-Za-z0-9_-]{43}$",
+        description="v1:<key id>:<HMAC-SHA256, base64url> of the canonical decision (vigil.schemas.signing), set by "
+        "the decision engine's publisher; actuators refuse a decision without a valid one.")
 
 
 class ActionResult(Envelope):
@@ -400,21 +413,35 @@ class ActionResult(Envelope):
     decision_id: uuid.UUID = Field(description="Decision this result belongs to.")
     state: Literal["pending", "running", "succeeded", "failed", "timed_out", "cancelled"] = Field(
         description="State reached (cancelled: its actuator stopped first; no verdict on the remedy).")
-    backend: str = Field(description="Executor that ran it: local, slurm, kubernetes, dry-run.")
+    backend: str = label_field(description="Executor that ran it: local, slurm, kubernetes, dry-run.")
     detail: str = Field("", description="What happened, for a human.")
+
+
+#: A dead letter keeps at most this many raw bytes (with the size and SHA-256 of the whole),
+#: and at most DETAIL_MAX characters of detail: it is always small enough to produce.
+RAW_KEEP = 64 * 1024
+RAW_B64_MAX = 4 * ((RAW_KEEP + 2) // 3)
+DETAIL_MAX = 4000
 
 
 class DeadLetter(Envelope):
     """A message that could not be processed, kept whole with the reason."""
 
     event_type: Literal["dead_letter"] = Field("dead_letter", description="Event type tag.")
-    reason: str = Field(description="Failure class: not_json, unknown_event_type, unsupported_version, invalid...")
-    detail: str = Field(description="What failed, where, and what was expected.")
-    field: str | None = Field(None, description="Offending field, when known.")
-    source_topic: str = Field(description="Topic the message was read from.")
-    source_partition: int = Field(ge=0, description="Partition it was read from.")
-    source_offset: int = Field(ge=0, description="Offset it was read at.")
-    raw_b64: str = Field(description="The raw message bytes, base64-encoded.")
+    reason: str = label_field(description="Failure class: not_json, unknown_event_type, unsupported_version, invalid, "
+                              "wrong_topic, store_refused, refused...")
+    detail: str = Field(max_length=DETAIL_MAX, description="What failed, where, and what was expected.")
+    field: str | None = label_field(None, "Offending field, when known.")
+    source_topic: str = Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._?-]+$",
+                              description="Topic the message was read from ('?' when not known).")
+    source_partition: int = Field(ge=0, le=INT32_MAX, description="Partition it was read from.")
+    source_offset: int = Field(ge=0, le=INT64_MAX, description="Offset it was read at.")
+    raw_b64: str = Field(max_length=RAW_B64_MAX, description="The raw message bytes, base64-encoded; only the first "
+                         "RAW_KEEP bytes when the message was larger (raw_truncated).")
+    raw_size: int | None = Field(None, ge=0, le=INT64_MAX, description="Size of the whole raw message in bytes.")
+    raw_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$",
+                                   description="SHA-256 of the whole raw message, hex (identifies a truncated one).")
+    raw_truncated: bool = Field(False, description="Whether raw_b64 holds only the first RAW_KEEP bytes.")
 
 
 # --- what the producers say about themselves (issue 8) -------------------------
@@ -429,22 +456,22 @@ class AgentHealth(Envelope):
     """
 
     event_type: Literal["agent_health"] = Field("agent_health", description="Event type tag.")
-    collector: str = Field(min_length=1, description="Collector name, e.g. nvml, kmsg, nic, watchdog.disk.")
+    collector: str = label_field(description="Collector name, e.g. nvml, kmsg, nic, watchdog.disk.")
     status: Literal["failed", "recovered"] = Field(description="failed: a new problem; recovered: it is gone.")
-    problem: str = Field(min_length=1, description="Stable key of the problem, e.g. the unreadable path or the error class.")
+    problem: str = label_field(max_length=4096, description="Stable key of the problem, e.g. the unreadable path or the error class.")
     detail: str = Field("", description="What failed, where, and what was expected.")
-    occurrences: int = Field(1, ge=1, description="How many times the problem was seen (on recovery: in total).")
+    occurrences: int = Field(1, ge=1, le=INT64_MAX, description="How many times the problem was seen (on recovery: in total).")
 
 
 class EventsDropped(Envelope):
     """Events a producer had to discard (its local spool was full): never silent."""
 
     event_type: Literal["events_dropped"] = Field("events_dropped", description="Event type tag.")
-    count: int = Field(ge=0, description="Number of events discarded.")
-    messages: int = Field(ge=0, description="Number of Kafka messages (single events or batches) discarded.")
-    by_type: dict[str, int] = Field(default_factory=dict, description="Discarded events per event type.")
-    reason: str = Field(min_length=1, description="Why: spool_full, record_too_large, hook_buffer_full...")
-    component: str = Field(min_length=1, description="What dropped them: publisher spool, training hook buffer...")
+    count: int = Field(ge=0, le=INT64_MAX, description="Number of events discarded.")
+    messages: int = Field(ge=0, le=INT64_MAX, description="Number of Kafka messages (single events or batches) discarded.")
+    by_type: dict[Label, Count] = Field(default_factory=dict, description="Discarded events per event type.")
+    reason: str = label_field(description="Why: spool_full, record_too_large, hook_buffer_full...")
+    component: str = label_field(description="What dropped them: publisher spool, training hook buffer...")
 
 
 class WatchdogReport(Envelope):
@@ -460,7 +487,7 @@ class WatchdogReport(Envelope):
     check: Literal["disk_space", "disk_inodes", "host_memory", "gpu_memory", "job_liveness", "log_staleness"] = Field(
         description="What was checked."
     )
-    target: str = Field(min_length=1, description="What it was checked on: a path, a job id, a log file, a GPU.")
+    target: str = label_field(max_length=4096, description="What it was checked on: a path, a job id, a log file, a GPU.")
     status: Literal["ok", "warning", "critical"] = Field(description="Verdict of the check.")
     summary: str = Field("", description="One line for a human.")
     used: float | None = Field(None, ge=0, description="Amount in use (bytes, inodes, seconds since the log was written).")

@@ -124,6 +124,11 @@ def _to_json(v: Any) -> str:
     return json.dumps(v, default=_json_default, separators=(",", ":"))
 
 
+def _plain(annotation: Any) -> Any:
+    """``Annotated[int, <bounds>]`` -> ``int``: bounds do not change the column's type."""
+    return typing.get_args(annotation)[0] if typing.get_origin(annotation) is typing.Annotated else annotation
+
+
 def _base_type(annotation: Any) -> tuple[str, Callable[[Any], Any]]:
     """ClickHouse type and value converter for a (non-optional) annotation."""
     origin = typing.get_origin(annotation)
@@ -143,9 +148,10 @@ def _base_type(annotation: Any) -> tuple[str, Callable[[Any], Any]]:
         return "LowCardinality(String)", lambda v: v.value if isinstance(v, enum.Enum) else v
     if origin is Literal:
         return "LowCardinality(String)", _same
-    if origin is list and typing.get_args(annotation) and typing.get_args(annotation)[0] in (int, float, str, uuid.UUID):
+    item = _plain(typing.get_args(annotation)[0]) if origin is list and typing.get_args(annotation) else None
+    if item in (int, float, str, uuid.UUID):
         # Columns of plain values are ClickHouse arrays (ARRAY JOIN gives rows back).
-        inner = {int: "Int64", float: "Float64", str: "String", uuid.UUID: "UUID"}[typing.get_args(annotation)[0]]
+        inner = {int: "Int64", float: "Float64", str: "String", uuid.UUID: "UUID"}[item]
         return f"Array({inner})", list
     if origin in (dict, list) or annotation is typing.Any:
         return "String", _to_json

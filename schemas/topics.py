@@ -11,6 +11,7 @@ for ten records (see :func:`group_type`).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -86,6 +87,24 @@ def group_type(events: Sequence[Envelope]) -> str:
         return NODE_SAMPLES
     raise ValueError(f"a message must hold one event type, or only node samples {sorted(NODE_SAMPLE_TYPES)}; "
                      f"got {sorted(types)}")
+
+
+@functools.lru_cache(maxsize=1024)
+def topic_accepts(topic: str) -> frozenset[str]:
+    """The event types a message read from ``topic`` (a full name, any prefix) may hold.
+
+    A topic holds its own event type; the node-samples topic holds
+    :data:`NODE_SAMPLE_TYPES`. A topic that is not vigil's accepts nothing.
+
+    >>> sorted(topic_accepts("vigil.telemetry.heartbeats")), sorted(topic_accepts("a.b.telemetry.node"))
+    (['heartbeat'], ['gpu_telemetry', 'heartbeat', 'nic_counters'])
+    >>> topic_accepts("vigil.decisionsX")
+    frozenset()
+    """
+    for spec in TOPICS.values():
+        if topic.endswith("." + spec.suffix) and len(topic) > len(spec.suffix) + 1:
+            return NODE_SAMPLE_TYPES if spec.event_type == NODE_SAMPLES else frozenset({spec.event_type})
+    return frozenset()
 
 
 def topic_name(event_type: str, prefix: str) -> str:

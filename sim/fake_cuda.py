@@ -11,7 +11,7 @@ makes the current stream wait for it, an asynchronous one returns a
 :class:`FakeWork` whose ``wait()`` does. The host learns nothing until it
 synchronises (:meth:`FakeCuda.sync_host`, as ``.item()`` does).
 
-:class:`FakeCuda` is also an :class:`~vigil.producers.training.monitor.EventBackend`
+:class:`FakeCuda` is also an :class:`~vigil.producers.training.cuda_events.EventBackend`
 (``record``/``query``/``elapsed_s``/``synchronize``): events are recorded on
 the *current* stream and complete when the stream passes them, and
 ``elapsed_s`` of an incomplete event raises, as CUDA's does. A future's

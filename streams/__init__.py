@@ -1,1 +1,1 @@
-"""Stream apps: detection workers, the history sink, (later) the decision engine."""
+"""Stream apps: the pure engine (engine/: detection, incidents, decisions), the Kafka worker, the history sink, notify."""

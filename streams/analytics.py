@@ -53,6 +53,10 @@ The views on top are plain SQL, most of them parameterized by a window
     available time (the job's span), both clipped to the window. A job that
     died and was failed by its scheduler later, or still holds its GPUs, has
     the time since its last step counted as available and unproductive.
+``run_ettr(since, until)``
+    the same per training run (the jobs sharing ``run``, a chain under a
+    time limit): the jobs' times added up, and ``gap_s``, the time between
+    them (queued for the next job), apart: unavailable, not a failure.
 ``mttf_by_size(since, until)`` / ``mttf_projection(since, until)``
     failures (fail-stop incidents of the job, or of a node it ran on) per
     GPU-count bucket with the observed MTTF; the fleet failure rate per
@@ -315,23 +319,26 @@ GROUP BY domain, kind, severity, xid_code ORDER BY incidents DESC, domain, kind,
 _JOB_RUNS = f"""
 SELECT job, cluster,
     least(ifNull(fr, fs), ifNull(fs, fr)) AS start,
-    multiIf(st IN ('completed', 'failed', 'cancelled'), lt, lt IS NOT NULL, greatest(now64(6, 'UTC'), lt), le) AS end,
+    multiIf(st IN ('completed', 'failed', 'cancelled', 'preempted', 'time_limit'), lt,
+            lt IS NOT NULL, greatest(now64(6, 'UTC'), lt), le) AS end,
     st AS state, g AS gpus, ns AS nodes,
-    greatest(toUInt64(length(ns)), toUInt64(ceil(g / {GPUS_PER_NODE}))) AS node_count
+    greatest(toUInt64(length(ns)), toUInt64(ceil(g / {GPUS_PER_NODE}))) AS node_count, nullIf(rn, '') AS run
 FROM (
     SELECT job, max(cluster) AS cluster, min(first_running) AS fr, min(first_step) AS fs, max(last_step_end) AS le,
         max(last_state_time) AS lt, argMax(last_state, last_state_time) AS st, max(gpus) AS g,
-        argMax(nodes, last_state_time) AS ns
+        argMax(nodes, last_state_time) AS ns, max(run) AS rn
     FROM (
         SELECT assumeNotNull(job) AS job, max(cluster) AS cluster,
             minIfOrNull(event_time, state = 'running') AS first_running,
             CAST(NULL AS Nullable({_T})) AS first_step, CAST(NULL AS Nullable({_T})) AS last_step_end,
-            toNullable(max(event_time)) AS last_state_time, toString(argMax(state, event_time)) AS last_state,
-            max(gpus) AS gpus, argMaxIf(nodes, event_time, length(nodes) > 0) AS nodes
+            toNullable(maxIf(event_time, state != 'pending')) AS last_state_time,
+            toString(argMaxIf(state, event_time, state != 'pending')) AS last_state,
+            max(gpus) AS gpus, argMaxIf(nodes, event_time, length(nodes) > 0) AS nodes,
+            ifNull(max(run), '') AS run
         FROM {{db}}.job_states WHERE job IS NOT NULL GROUP BY job
         UNION ALL
         SELECT job, max(cluster), CAST(NULL AS Nullable({_T})), toNullable(min(min_start)), toNullable(max(max_end)),
-            CAST(NULL AS Nullable({_T})), '', toInt64(0), CAST([] AS Array(String))
+            CAST(NULL AS Nullable({_T})), '', toInt64(0), CAST([] AS Array(String)), ''
         FROM {{db}}.job_step_blocks GROUP BY job
     ) GROUP BY job
 )"""
@@ -378,6 +385,23 @@ FROM (
 INNER JOIN {{db}}.job_runs AS r ON r.job = p.job
 WHERE r.start < w1 AND r.end > w0
 ORDER BY ettr, job"""
+
+# A training run across its chain of jobs: the jobs' available and productive time added up, and the
+# gaps between them (waiting in the queue for the next job) apart: unavailable, not a failure.
+_RUN_ETTR = f"""
+WITH {_W}
+SELECT run, count() AS jobs, sum(job_available_s) AS available_s, sum(job_productive_s) AS productive_s,
+    if(available_s > 0, productive_s / available_s, NULL) AS ettr,
+    greatest(0., {_overlap('min(start)', 'max(end)')} - available_s) AS gap_s,
+    sum(job_recomputed_steps) AS recomputed_steps, argMax(state, end) AS last_state
+FROM (
+    SELECT r.run AS run, r.start AS start, r.end AS end, r.state AS state, e.available_s AS job_available_s,
+        e.productive_s AS job_productive_s, e.recomputed_steps AS job_recomputed_steps
+    FROM {{db}}.job_runs AS r
+    INNER JOIN ({_ETTR}) AS e ON e.job = r.job
+    WHERE r.run IS NOT NULL
+)
+GROUP BY run ORDER BY ettr, run"""
 
 # Jobs in the window with their runtime and the fail-stop incidents that hit them.
 _JOB_FAILURES = f"""
@@ -516,6 +540,7 @@ VIEWS: dict[str, str] = {
     "incident_taxonomy": _TAXONOMY,
     "job_runs": _JOB_RUNS,
     "ettr": _ETTR,
+    "run_ettr": _RUN_ETTR,
     "job_failures": _JOB_FAILURES,
     "mttf_by_size": _MTTF_BY_SIZE,
     "mttf_projection": _MTTF_PROJECTION,

@@ -49,6 +49,8 @@ class StreamConfig:
     engine: "EngineParams" = field(default_factory=_engine_defaults)
     #: Arguments of the escalation ladder (:class:`~vigil.streams.engine.escalation.Escalation`).
     escalation: Mapping[str, Any] = field(default_factory=dict)
+    #: Arguments of the run-chain watch (:class:`~vigil.detectors.chain.RunChain`).
+    chain: Mapping[str, Any] = field(default_factory=dict)
 
     def kafka_conf(self, **extra: Any) -> dict[str, Any]:
         """librdkafka configuration for this cluster, plus ``extra``."""

@@ -66,4 +66,9 @@ SELECT severity, kind, coalesce(job, node) AS subject, onset_time,
 FROM vigil.incidents
 WHERE resolved_time IS NULL AND failure_class != 'vigil'
 ORDER BY severity, onset_time"""),
+    Recipe("run_ettr", "Over a chain of jobs (a run under a time limit), how productive was it, and how long did it queue?", f"""\
+SELECT run, jobs, round(ettr, 3) AS ettr, round(available_s / 3600, 2) AS available_h,
+       round(gap_s / 3600, 2) AS queued_h, last_state
+FROM vigil.run_ettr({_W})
+ORDER BY ettr"""),
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 import threading
 import uuid
 from dataclasses import dataclass
@@ -77,6 +78,114 @@ class HistoryError(RuntimeError):
     """The history store failed; the message carries ClickHouse's own words."""
 
 
+#: A database or table name vigil will put into SQL (always quoted as well).
+IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def check_identifier(name: str, what: str = "database") -> str:
+    """``name`` if it is a plain identifier, else :class:`HistoryError` (it would be pasted into SQL)."""
+    if not isinstance(name, str) or not IDENTIFIER.fullmatch(name):
+        raise HistoryError(f"{what} name {str(name)[:80]!r} is not a plain identifier "
+                           f"(letters, digits and _, not starting with a digit, at most 64)")
+    return name
+
+
+def quote_identifier(name: str) -> str:
+    """A checked identifier in backquotes."""
+    return f"`{check_identifier(name)}`"
+
+
+# -- read-only SQL: what `vigil sql` and the stack's query endpoint run ------------------------------------
+
+#: Settings every read-only query runs with: ClickHouse refuses writes, DDL, table functions that
+#: reach files, URLs or other servers, and changing settings (these included); runaway queries end.
+#: In read-only mode ClickHouse does not apply the SETTINGS clause a view was created with, so the
+#: settings the analytics views declare (``streams/analytics.py``: ``join_use_nulls``) are given here;
+#: the README's cookbook is run through this in the tests, so a new one cannot go unnoticed.
+READ_ONLY_SETTINGS: dict[str, Any] = {"readonly": 1, "max_execution_time": 120, "max_result_rows": 1_000_000,
+                                      "result_overflow_mode": "throw", "join_use_nulls": 1}
+#: How a read-only query may begin.
+_READ_STATEMENTS = frozenset({"select", "with", "show", "describe", "desc", "explain", "exists"})
+#: Table functions that reach outside the history (files, URLs, other servers, programs): refused by
+#: name even before ClickHouse's read-only mode refuses them (which it does for all of these).
+_OUTSIDE_FUNCTIONS = frozenset({
+    "file", "filecluster", "url", "urlcluster", "s3", "s3cluster", "gcs", "oss", "cosn", "azureblobstorage",
+    "azureblobstoragecluster", "hdfs", "hdfscluster", "remote", "remotesecure", "cluster", "clusterallreplicas",
+    "mysql", "postgresql", "mongodb", "redis", "sqlite", "odbc", "jdbc", "executable", "input", "deltalake",
+    "deltalakecluster", "iceberg", "icebergs3", "icebergazure", "iceberghdfs", "icebergcluster", "hudi",
+    "hudicluster", "paimon", "arrowflight", "ytsaurus", "prometheusquery", "timeseriesdata", "dictionary",
+})
+_TOKEN = re.compile(r"""
+    (?P<ws>\s+)
+  | (?P<comment>--[^\n]*|\#[^\n]*|/\*)
+  | (?P<string>'(?:[^'\\]|\\.|'')*')
+  | (?P<quoted>"(?:[^"\\]|\\.|"")*"|`(?:[^`\\]|\\.|``)*`)
+  | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
+  | (?P<semicolon>;)
+  | (?P<other>.)
+""", re.VERBOSE | re.DOTALL)
+
+
+def read_only_statement(sql: str) -> str:
+    """The one read statement in ``sql``, trimmed of comments and a trailing ``;``, or :class:`HistoryError`
+    saying why it is refused: more than one statement, not a read (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN,
+    EXISTS), ``INTO OUTFILE``, or a table function that reaches files, URLs or other servers.
+
+    >>> read_only_statement("SELECT 1; -- done")
+    'SELECT 1'
+    >>> read_only_statement("SELECT 1; DROP TABLE vigil.alerts")
+    Traceback (most recent call last):
+    ...
+    vigil.streams.history.HistoryError: one statement at a time: this holds 2
+    """
+    tokens: list[tuple[str, str, int, int]] = []  # (kind, text, start, end) of meaningful tokens
+    pos, statements = 0, [[]]  # type: ignore[var-annotated]
+    while pos < len(sql):
+        m = _TOKEN.match(sql, pos)
+        assert m is not None  # (the last alternative takes any character)
+        kind, text = m.lastgroup, m.group()
+        if kind == "comment" and text == "/*":
+            depth, end = 1, pos + 2
+            while depth and end < len(sql):  # ClickHouse's block comments nest
+                if sql.startswith("/*", end):
+                    depth, end = depth + 1, end + 2
+                elif sql.startswith("*/", end):
+                    depth, end = depth - 1, end + 2
+                else:
+                    end += 1
+            if depth:
+                raise HistoryError("a /* comment is not closed")
+            pos = end
+            continue
+        if kind == "other" and text in "'\"`":
+            raise HistoryError(f"a {text} quote is not closed")
+        if kind == "semicolon":
+            statements.append([])
+        elif kind not in ("ws", "comment"):
+            statements[-1].append((kind, text, m.start(), m.end()))
+        pos = m.end()
+    statements = [st for st in statements if st]
+    if not statements:
+        raise HistoryError("no SQL statement given")
+    if len(statements) > 1:
+        raise HistoryError(f"one statement at a time: this holds {len(statements)}")
+    tokens = statements[0]
+    first = next((text.lower() for kind, text, _, _ in tokens if kind != "other" or text != "("), "")
+    if first not in _READ_STATEMENTS:
+        raise HistoryError(f"only read statements run here ({', '.join(sorted(s.upper() for s in _READ_STATEMENTS))}), "
+                           f"not {first.upper() or 'this'}: the query endpoint is read-only")
+    words = [(kind, text.lower()) for kind, text, _, _ in tokens]
+    for i, (kind, word) in enumerate(words):
+        nxt = words[i + 1][1] if i + 1 < len(words) else ""
+        name = word.strip("`\"").lower() if kind in ("word", "quoted") else ""
+        if kind == "word" and word == "into" and nxt == "outfile":
+            raise HistoryError("INTO OUTFILE writes a file: refused (the query endpoint is read-only)")
+        if name in _OUTSIDE_FUNCTIONS and nxt == "(":
+            raise HistoryError(f"the table function {name}() reaches outside the history (files, URLs or other "
+                               "servers): refused")
+    return sql[tokens[0][2]:tokens[-1][3]]
+
+
 @dataclass(frozen=True)
 class QueryResult:
     columns: list[str]
@@ -92,18 +201,21 @@ class HistoryStore:
     """
 
     def __init__(self, dsn: str, database: str = "vigil") -> None:
+        from vigil.streams.redact import redact_dsn
+
         self.dsn = dsn
-        self.database = database
+        self.database = check_identifier(database)
         self._lock = threading.Lock()
         try:
             self._client = clickhouse_connect.get_client(dsn=dsn)
         except Exception as exc:
             if "Cannot lock file" in str(exc):
                 raise HistoryError(
-                    f"the ClickHouse data directory of {dsn} is held by another process "
+                    f"the ClickHouse data directory of {redact_dsn(dsn)} is held by another process "
                     "(a running `vigil up`/`vigil demo`); query through it, or stop it first"
-                ) from exc
-            raise HistoryError(f"could not open ClickHouse at {dsn}: {exc}") from exc
+                ) from None
+            raise HistoryError(f"could not open ClickHouse at {redact_dsn(dsn)}: "
+                               f"{_redacted(_clickhouse_message(exc), dsn)}") from None
         # Ids (as ints) seen recently, so that a redelivered batch costs no query: the
         # latest up to _recent_cap in _recent_ids, the generation before in _older_ids.
         self._recent_ids: dict[int, None] = {}
@@ -114,7 +226,7 @@ class HistoryStore:
         """A store on the same connection, using another database (tests isolate by database)."""
         other = object.__new__(HistoryStore)
         other.__dict__.update(self.__dict__)
-        other.database = database
+        other.database = check_identifier(database)
         other._recent_ids, other._older_ids = {}, {}
         return other
 
@@ -135,13 +247,14 @@ class HistoryStore:
         except HistoryError:
             raise
         except Exception as exc:
-            raise HistoryError(f"migrating {self.database} failed: {_clickhouse_message(exc)}") from exc
+            raise HistoryError(f"migrating {self.database} failed: "
+                               f"{_redacted(_clickhouse_message(exc), self.dsn)}") from None
 
     def _migrate(self, ttl_days: int | None, ttl_overrides: dict[str, int] | None) -> list[str]:
         done: list[str] = []
         with self._lock:
-            db = self.database
-            self._client.command(f"CREATE DATABASE IF NOT EXISTS {db}")
+            db = check_identifier(self.database)
+            self._client.command(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(db)}")
             layout = {r[0]: r[1:] for r in self._client.query(
                 "SELECT name, partition_key, sorting_key, engine_full FROM system.tables WHERE database = {db:String}",
                 parameters={"db": db}).result_rows}
@@ -329,11 +442,20 @@ class HistoryStore:
 
     # -- reads -------------------------------------------------------------
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> QueryResult:
+        """Run ``sql`` as vigil's own code writes it (any statement: vigil's readers, tests)."""
+        return self._query(sql, parameters, None)
+
+    def query_read_only(self, sql: str) -> QueryResult:
+        """Run a query someone typed: one read statement (:func:`read_only_statement`), with ClickHouse's
+        read-only mode and limits (:data:`READ_ONLY_SETTINGS`)."""
+        return self._query(read_only_statement(sql), None, READ_ONLY_SETTINGS)
+
+    def _query(self, sql: str, parameters: dict[str, Any] | None, settings: dict[str, Any] | None) -> QueryResult:
         with self._lock:
             try:
-                result = self._client.query(sql, parameters=parameters)
+                result = self._client.query(sql, parameters=parameters, settings=settings)
             except Exception as exc:
-                raise HistoryError(_clickhouse_message(exc)) from None
+                raise HistoryError(_redacted(_clickhouse_message(exc), self.dsn)) from None
         return QueryResult(list(result.column_names), [t.name for t in result.column_types], list(result.result_rows))
 
     def close(self) -> None:
@@ -374,6 +496,13 @@ _NULLABLE: dict[str, frozenset[int]] = {
 
 def _norm(expr: str) -> str:
     return "".join(expr.split()).replace("`", "")
+
+
+def _redacted(text: str, dsn: str) -> str:
+    """``text`` without the password of ``dsn`` (a driver may quote the URL it failed on)."""
+    from vigil.streams.redact import Redactor, dsn_secrets
+
+    return Redactor(dsn_secrets(dsn))(text)
 
 
 def _clickhouse_message(exc: Exception) -> str:

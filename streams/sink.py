@@ -5,8 +5,18 @@ consume + batch insert, no per-event framework overhead.
 
 Offsets are committed only after the batch is stored (at-least-once); the
 store drops ids it already holds, so redelivery never makes a duplicate row.
-A message that does not decode is stored as a dead letter, with its reason
-and raw bytes, and the sink goes on.
+A message that does not decode (or holds an event type its topic does not
+carry) is stored as a dead letter, with its reason and raw bytes, and the
+sink goes on.
+
+No message stops the history. A batch the store refuses is split in halves
+until the refused rows are alone; each becomes a dead letter with the store's
+error and the raw bytes (capped, with their size and SHA-256), never a copy
+of the fields that failed. Only a store that is down or full (it does not
+answer, or says so with its own error codes) makes the sink wait and retry,
+offsets uncommitted; if even a bare dead letter holding nothing but a hash is
+refused, that is the store's fault too. A message that makes the sink itself
+fail is dead-lettered with the error, one message at a time.
 
 Decoding and serializing are most of the work: for a large batch they run in
 a pool of processes (:mod:`vigil.streams.sinkprep`) while this thread inserts the
@@ -28,7 +38,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
-from vigil.schemas import Envelope, all_topic_names, decode
+from vigil.schemas import DeadLetter, DecodeError, Envelope, all_topic_names, decode, topic_accepts
 from vigil.streams.config import StreamConfig
 from vigil.streams.history import HistoryStore, gc_paused, gc_resumed
 from vigil.streams.kafka import dead_letter, refused_event
@@ -54,6 +64,12 @@ class SinkStats:
     batches: int = 0
     #: Chunks of messages decoded by the pool of processes (the rest, in the sink's thread).
     pooled_chunks: int = 0
+    #: Times the sink waited for the store (down or full) and tried again: only a store outage.
+    retries: int = 0
+    #: Batches the fast path failed on with an error of the sink's own (they went the careful way).
+    sink_errors: int = 0
+    #: Messages the broker could not deliver (an error in place of the message): dead-lettered.
+    consume_errors: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -77,6 +93,17 @@ def _store_unavailable(exc: BaseException) -> bool:
     if match and int(match.group(1)) in _UNAVAILABLE_CODES:
         return True
     return any(name in text for name in _UNAVAILABLE_NAMES)
+
+
+def _bare(dead: DeadLetter, why: str) -> DeadLetter:
+    """A dead letter the store refused, reduced to what cannot fail: its id, time and origin, the
+    hash and size of the raw bytes (not the bytes), and why."""
+    return DeadLetter(event_id=dead.event_id, event_time=dead.event_time, reason=dead.reason,
+                      detail=f"{why[:1500]} (its dead letter was refused too; the raw bytes are not kept: "
+                             f"sha256 {dead.raw_sha256}, {dead.raw_size} bytes)",
+                      source_topic=dead.source_topic, source_partition=dead.source_partition,
+                      source_offset=dead.source_offset, raw_b64="", raw_size=dead.raw_size,
+                      raw_sha256=dead.raw_sha256, raw_truncated=bool(dead.raw_size))
 
 
 def _timestamp(msg: Any) -> float | None:
@@ -122,8 +149,9 @@ class HistorySink:
         self.finished: set[tuple[str, int]] = set()
         self.at_end: set[tuple[str, int]] = set()
         self.commit_offsets = subscribe  # a replay (partitions assigned by hand) commits nothing
-        #: (origin, events) per message of the batch in hand: where a refused event came from.
-        self._origins: list[tuple[tuple[str, int, int], list[Envelope]]] = []
+        #: event id (int) -> (topic, partition, offset, message value if it held that event alone,
+        #: message time), for the events of the batch in hand: where a refused event came from.
+        self._origins: dict[int, tuple[str, int, int, bytes | None, float | None]] = {}
         if subscribe:
             self._consumer.subscribe(all_topic_names(config.topic_prefix))
 
@@ -183,15 +211,25 @@ class HistorySink:
     def _handle(self, messages: list) -> None:
         kept, offsets = self._select(messages)
         try:
-            for chunk, prepared in self._prepared(kept):
-                careful = set(prepared.careful)
-                for block in prepared.blocks:
-                    if self._retrying(partial(self._store_block, block)) is None:
-                        careful.update(block.messages)
-                if careful:
-                    self._store_with_retry(self._decode([chunk[i] for i in sorted(careful)]))
+            try:
+                for chunk, prepared in self._prepared(kept):
+                    careful = set(prepared.careful)
+                    for block in prepared.blocks:
+                        if self._retrying(partial(self._store_block, block)) is None:
+                            careful.update(block.messages)
+                    if careful:
+                        self._store_carefully([chunk[i] for i in sorted(careful)])
+            except (_StoreDown, KafkaException):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the sink's own failure: never the end of the history
+                # Whatever was stored already is dropped by id the second time.
+                log.exception("history sink failed on a batch of %d messages; storing it message by message", len(kept))
+                self.stats.sink_errors += 1
+                self.stats.errors.append(f"sink error: {exc!r}"[:500])
+                for msg in kept:
+                    self._store_carefully([msg])
         finally:
-            self._origins = []  # (keeps no event alive past the batch)
+            self._origins = {}  # (keeps no event alive past the batch)
         if offsets and self.commit_offsets:
             self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
                                   asynchronous=False)
@@ -221,8 +259,9 @@ class HistorySink:
     def _select(self, messages: list) -> tuple[list, dict[tuple[str, int], int]]:
         """The messages of the batch to store, and the offsets to commit after it.
 
-        Consume errors and end-of-partition marks are not messages; a replay
-        also leaves out the messages outside its time range.
+        End-of-partition marks and errors about a partition are not messages
+        (an error in place of a message is kept: it becomes a dead letter); a
+        replay also leaves out the messages outside its time range.
         """
         kept: list = []
         offsets: dict[tuple[str, int], int] = {}
@@ -230,9 +269,13 @@ class HistorySink:
             if msg.error():
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     self.at_end.add((msg.topic(), msg.partition()))
-                else:
-                    log.warning("consume error: %s", msg.error())
-                continue
+                    continue
+                log.warning("consume error: %s (%s/%s/%s)", msg.error(), msg.topic(), msg.partition(), msg.offset())
+                self.stats.consume_errors += 1
+                self.stats.errors.append(f"consume error: {msg.error()}"[:500])
+                if not msg.topic() or msg.offset() is None or msg.offset() < 0:
+                    continue  # about a partition or the connection, not a message
+                # A message the broker could not hand over (too large, corrupt): a dead letter for its place.
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
             if self.until_ms is not None or self.since_ms is not None:
                 self.at_end.discard((topic, partition))
@@ -255,6 +298,10 @@ class HistorySink:
         """
         chunks: list[list] = [[]]
         size = total = 0
+        failed = [m for m in messages if m.error()]
+        if failed:  # (a consume error in place of a message: the careful way, one dead letter)
+            self._store_carefully(failed)
+            messages = [m for m in messages if not m.error()]
         for msg in messages:
             if size >= CHUNK_BYTES:
                 chunks.append([])
@@ -266,16 +313,17 @@ class HistorySink:
         pool = self._pool_for(total)
         if pool is None:
             for chunk in chunks:
-                yield chunk, prepare([m.value() for m in chunk])
+                yield chunk, prepare([m.value() for m in chunk], [m.topic() for m in chunk])
             return
-        futures: list[Future] = [pool.submit(prepare, [m.value() for m in chunk]) for chunk in chunks]
+        futures: list[Future] = [pool.submit(prepare, [m.value() for m in chunk], [m.topic() for m in chunk])
+                                 for chunk in chunks]
         for chunk, future in zip(chunks, futures):
             try:
                 prepared = future.result()
             except Exception as exc:  # noqa: BLE001 - a worker died (killed, out of memory): go on without the pool
                 log.error("history sink: a decoding process failed (%s); decoding in this thread from now on", exc)
                 self.decode_processes = 0
-                prepared = prepare([m.value() for m in chunk])
+                prepared = prepare([m.value() for m in chunk], [m.topic() for m in chunk])
             else:
                 self.stats.pooled_chunks += 1
             yield chunk, prepared
@@ -291,17 +339,57 @@ class HistorySink:
             self._pool = new_pool(self.decode_processes)
         return self._pool
 
+    def _store_carefully(self, messages: list) -> None:
+        """Decode ``messages`` one by one and store what they hold; a message the sink itself fails on
+        (any error but the store's being down) is dead-lettered with that error."""
+        try:
+            events = self._decode(messages)
+        except Exception:  # noqa: BLE001 - find the message
+            if len(messages) > 1:
+                for msg in messages:
+                    self._store_carefully([msg])
+                return
+            events = [self._sink_failed(messages[0], "decoding it")]
+        try:
+            self._store_with_retry(events)
+        except (_StoreDown, KafkaException):
+            raise
+        except Exception:  # noqa: BLE001 - a bug of the sink on some value: isolate the message
+            if len(messages) > 1:
+                for msg in messages:
+                    self._store_carefully([msg])
+                return
+            self._store_with_retry([self._sink_failed(messages[0], "storing it")])
+
+    def _sink_failed(self, msg: Any, doing: str) -> DeadLetter:
+        import traceback
+
+        why = traceback.format_exc(limit=3)
+        log.error("history sink failed %s (%s/%d/%d): %s", doing, msg.topic(), msg.partition(), msg.offset(), why)
+        self.stats.dead_letters += 1
+        return dead_letter(DecodeError("sink_error", f"the history sink failed {doing}: {why}", msg.value() or b""),
+                           msg.topic(), msg.partition(), msg.offset(), _timestamp(msg))
+
     def _decode(self, messages: list) -> list[Envelope]:
-        """The events of ``messages``, with a dead letter for each item that does not decode."""
+        """The events of ``messages`` (checked against their topic's event types), with a dead
+        letter for each item that does not decode."""
         events: list[Envelope] = []
-        self._origins = []
         for msg in messages:
             topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
-            decoded = decode(msg.value())
+            value, stamp = msg.value(), _timestamp(msg)
+            if msg.error():
+                err = DecodeError("consume_error", f"the broker did not deliver this message: {msg.error()}",
+                                  value or b"")
+                events.append(dead_letter(err, topic, partition, offset, stamp))
+                self.stats.dead_letters += 1
+                continue
+            decoded = decode(value, accept=topic_accepts(topic))
             events.extend(decoded.events)
-            self._origins.append(((topic, partition, offset), decoded.events))
+            alone = value if len(decoded.events) == 1 and not decoded.errors else None
+            for event in decoded.events:
+                self._origins[event.event_id.int] = (topic, partition, offset, alone, stamp)
             for err in decoded.errors:
-                events.append(dead_letter(err, topic, partition, offset, _timestamp(msg)))
+                events.append(dead_letter(err, topic, partition, offset, stamp))
                 self.stats.dead_letters += 1
         return events
 
@@ -331,6 +419,7 @@ class HistorySink:
             try:
                 return attempt()
             except _StoreDown as exc:
+                self.stats.retries += 1
                 self.stats.errors.append(str(exc)[:500])
                 log.error("history store unavailable, retrying in %.1f s: %s", delay, exc)
                 with gc_resumed():  # the store may be down for long: collect meanwhile
@@ -338,15 +427,18 @@ class HistorySink:
                         raise
                 delay = min(delay * 2, self.retry_max_s)
 
-    def _store(self, events: list[Envelope]) -> None:
+    def _store(self, events: list[Envelope], refused: int = 0) -> None:
         """Insert ``events``; an event the store refuses becomes a dead letter.
 
         A store that is down (it does not answer a trivial query) or out of
         room (disk, memory, too many parts: ClickHouse's own error codes) raises
         :class:`_StoreDown`, and the whole batch is retried later with its
         offsets uncommitted. Any other failure splits the batch in halves until
-        the failing event is alone; it is dead-lettered and the rest goes on.
-        If even the dead letter cannot be stored, the store is the problem.
+        the failing event is alone; it is dead-lettered with the store's error
+        and the rest goes on. A refused dead letter is replaced by a bare one
+        (the raw bytes' hash and size, the error); only if that is refused too
+        is the store the problem. ``refused``: how many times this event's
+        dead letter has already been refused.
         """
         try:
             written = self.store.insert_events(events)
@@ -359,21 +451,21 @@ class HistorySink:
                 self._store(events[half:])
                 return
             [event] = events
-            if event.event_type == "dead_letter":  # type: ignore[attr-defined]
-                raise _StoreDown(f"the store refuses even a dead letter: {exc}") from exc
-            log.error("history refused event %s: %s", event.event_id, exc)
+            why = f"the history store refused it: {exc}"
+            if isinstance(event, DeadLetter):
+                if refused >= 1:
+                    raise _StoreDown(f"the store refuses even a bare dead letter: {exc}") from exc
+                log.error("history refused dead letter %s (%s); storing a bare one", event.event_id, str(exc)[:300])
+                self._store([_bare(event, why)], refused + 1)
+                return
+            log.error("history refused event %s: %s", event.event_id, str(exc)[:300])
             self.stats.dead_letters += 1
-            self._store([refused_event(event, str(exc), *self._origin_of(event))])
+            topic, partition, offset, alone, stamp = self._origins.get(event.event_id.int, ("?", 0, 0, None, None))
+            self._store([refused_event(event, why, topic, partition, offset, raw=alone, reason="store_refused",
+                                       message_time=stamp)], refused)
             return
         self.stats.stored += written
         self.stats.duplicates += len(events) - written
-
-    def _origin_of(self, event: Envelope) -> tuple[str, int, int]:
-        """(topic, partition, offset) of the message that carried ``event`` in this batch."""
-        for origin, carried in self._origins:
-            if any(e.event_id == event.event_id for e in carried):
-                return origin
-        return ("?", 0, 0)
 
     def wait_until(self, predicate, timeout_s: float) -> bool:
         """Wait (without sleeping blindly) until ``predicate(stats)`` holds."""

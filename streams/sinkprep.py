@@ -16,9 +16,10 @@ Example::
     >>> from schemas import Heartbeat, Source, encode_batch, from_seconds
     >>> beats = [Heartbeat(event_time=from_seconds(i), source=Source(node="n1"), seq=i, interval_s=1.0)
     ...          for i in range(3)]
-    >>> prepared = prepare([encode_batch(beats), b"not json"])
+    >>> prepared = prepare([encode_batch(beats), b"not json", encode_batch(beats)],
+    ...                    ["vigil.telemetry.heartbeats", "vigil.telemetry.heartbeats", "vigil.decisions"])
     >>> [(b.event_type, len(b.keys), b.messages) for b in prepared.blocks], prepared.careful
-    ([('heartbeat', 3, [0])], [1])
+    ([('heartbeat', 3, [0])], [1, 2])
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from clickhouse_connect.datatypes.registry import get_from_name
 from clickhouse_connect.driver.common import write_leb128
 from clickhouse_connect.driver.insert import InsertContext
 
-from vigil.schemas import Envelope, decode
+from vigil.schemas import Envelope, decode, topic_accepts
 from vigil.schemas.tables import TABLE_SPECS, column_values, columns
 from vigil.streams.history import gc_paused, insertable_columns
 
@@ -61,19 +62,20 @@ class Prepared:
     careful: list[int] = field(default_factory=list)
 
 
-def prepare(values: list[bytes | None]) -> Prepared:
-    """Decode ``values`` (message values) and serialize their events, by type, into blocks."""
+def prepare(values: list[bytes | None], topics: list[str] | None = None) -> Prepared:
+    """Decode ``values`` (message values, read from ``topics``: each holds only its topic's event
+    types; None: any) and serialize their events, by type, into blocks."""
     out = Prepared()
     with gc_paused():
-        _prepare(values, out)  # (its events die when it returns, before the collector is back)
+        _prepare(values, topics, out)  # (its events die when it returns, before the collector is back)
     return out
 
 
-def _prepare(values: list[bytes | None], out: Prepared) -> None:
+def _prepare(values: list[bytes | None], topics: list[str] | None, out: Prepared) -> None:
     by_type: dict[str, dict[int, Envelope]] = {}
     messages_by_type: dict[str, list[int]] = {}
     for index, raw in enumerate(values):
-        decoded = decode(raw)
+        decoded = decode(raw, accept=topic_accepts(topics[index]) if topics is not None else None)
         if decoded.errors:
             out.careful.append(index)
             continue

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.detectors import DetectorError
+from vigil.detectors.chain import RunChain
 from vigil.schemas import (
     JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, IterationStep, JobState,
-    NodeState, decode, to_seconds,
+    NodeState, Subject, decode, to_seconds, topic_accepts,
 )
 from vigil.streams.engine.decisions import DecisionEngine
-from vigil.streams.engine.detection import DetectionEngine
+from vigil.streams.engine.detection import DetectionEngine, detector_finding
 from vigil.streams.engine.incidents import Correlator
 from vigil.streams.kafka import dead_letter, refused_event
 
@@ -69,10 +70,13 @@ class DetectStage:
         self.key_of_topic = key_of_topic  # topic name -> "job" | "node"
         #: (topic, partition) -> (nodes, jobs) it carried
         self.subjects_of: dict[tuple[str, int], tuple[set[str], set[str]]] = {}
+        #: topic -> events decoded from it (read by the worker's /metrics when scraped)
+        self.events_in: dict[str, int] = {}
 
     def on_message(self, place: Place, value: bytes | None, now: float, replay: bool = False) -> Detected:
         out = Detected()
-        message = decode(value)
+        message = decode(value, accept=topic_accepts(place.topic))  # a topic holds only its own event types
+        self.events_in[place.topic] = self.events_in.get(place.topic, 0) + len(message.events)
         if not replay:
             out.dead_letters += [dead_letter(err, place.topic, place.partition, place.offset, place.timestamp)
                                  for err in message.errors]
@@ -137,9 +141,12 @@ class DetectStage:
 class CorrelateStage:
     """Findings in; alerts and decisions out; action results and states fed back (see the module docstring)."""
 
-    def __init__(self, correlator: Correlator, decider: DecisionEngine | None, memory: int = 100_000) -> None:
+    def __init__(self, correlator: Correlator, decider: DecisionEngine | None, memory: int = 100_000,
+                 chain: RunChain | None = None) -> None:
         self.correlator = correlator
         self.decider = decider
+        #: runs whose chain of jobs must go on (it sees every job state, as this stage does)
+        self.chain = chain if chain is not None else RunChain()
         self.memory = memory
         #: ids already on the alert and decision topics, or published by this stage
         self.published: OrderedDict[uuid.UUID, None] = OrderedDict()
@@ -165,6 +172,8 @@ class CorrelateStage:
     def on_feedback(self, event: Envelope, now: float, live: bool) -> list[Envelope]:
         """An action result or a job/node state; what it decides is published only when ``live``."""
         out: list[Envelope] = []
+        if isinstance(event, JobState):
+            self.chain.observe(event, now)
         if isinstance(event, JobState) and event.state in JOB_ENDED and event.source.job:
             # a job that ended takes its incidents with it (their cause, the job, is gone)
             for alert in self.correlator.job_ended(event.source.job, to_seconds(event.event_time), event.state):
@@ -181,6 +190,11 @@ class CorrelateStage:
 
     def tick(self, now: float) -> list[Envelope]:
         out: list[Envelope] = []
+        chain = [detector_finding(status, f.kind, f.severity, Subject(run=run), f.onset, "run_chain", "1",
+                                  f.evidence, self.chain.cluster_of(run), [], f.detected_at if status == "raised"
+                                  else now, [], None) for status, run, f in self.chain.tick(now)]
+        if chain:  # on the findings topic for the history too (read back, they are known by id)
+            out += chain + self.on_findings(chain, now)
         for alert in self.correlator.tick(now):
             out += self._alert(alert, now, replay=False)
         if self.decider is not None:

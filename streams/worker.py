@@ -35,10 +35,13 @@ from typing import Any, Callable
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, Consumer, KafkaError, KafkaException, Producer, \
     TopicPartition
 
-from vigil.schemas import Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, encode, message_key
+from vigil.schemas import (
+    Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, encode, message_key, topic_accepts,
+)
 from vigil.streams.config import StreamConfig
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine, EngineParams
+from vigil.detectors.chain import RunChain
 from vigil.streams.engine.escalation import Escalation
 from vigil.streams.engine.incidents import Correlator
 from vigil.streams.engine.planning import replan
@@ -177,7 +180,7 @@ class BroadcastReader:
                 continue
             _kind, stamp = msg.timestamp()
             live = stamp <= 0 or stamp / 1000.0 >= self.started_at - 1.0
-            out.extend((ev, live) for ev in decode(msg.value()).events)
+            out.extend((ev, live) for ev in decode(msg.value(), accept=topic_accepts(msg.topic())).events)
         return out
 
     def close(self) -> None:
@@ -187,9 +190,12 @@ class BroadcastReader:
 class Worker:
     """One detection worker: a loop over one group consumer, the stages, a producer (see the module docstring)."""
 
+    #: Counts what it publishes for /metrics (:class:`vigil.streams.metrics.PublishCounters`); None: nothing.
+    metrics: Any = None
+
     def __init__(self, config: StreamConfig, params: EngineParams | None = None, ready_file: Path | None = None,
                  clock: Callable[[], float] = time.time, stats: WorkerStats | None = None,
-                 gc_freeze_s: float | None = 60.0) -> None:
+                 gc_freeze_s: float | None = 60.0, sign: Callable[[Decision], Decision] | None = None) -> None:
         self.config = config
         self.clock = clock
         self.stats = stats
@@ -197,6 +203,8 @@ class Worker:
         #: a full collection walks every live object, half a million at 25,000 GPUs, which stopped the
         #: worker for 100-200 ms; the state is long-lived and acyclic, so little is lost by not walking it.
         self.gc_freeze_s = gc_freeze_s
+        #: Signs each decision before it is published (:class:`vigil.schemas.signing.Keyring.sign`); None: unsigned.
+        self.sign = sign
         self.ready_file = ready_file
         self.plugins = load_plugins()
         params = params or config.engine
@@ -206,7 +214,7 @@ class Worker:
         decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
                                  replan=replan if config.replan else None) if config.decide else None
         self.detect = DetectStage(DetectionEngine(params), key_of_topics(config, TELEMETRY))
-        self.correlate = CorrelateStage(correlator, decider)
+        self.correlate = CorrelateStage(correlator, decider, chain=RunChain(**config.chain))
         self.findings_topic = config.topic("finding")
         self.findings_tp = (self.findings_topic, 0)
         self._urgent = frozenset([config.topic(t) for t in URGENT] + [self.findings_topic])
@@ -307,6 +315,8 @@ class Worker:
     def _publish(self, events: list[Envelope]) -> None:
         for ev in events:
             etype = ev.event_type  # type: ignore[attr-defined]
+            if etype == "decision" and self.sign is not None:
+                ev = self.sign(ev)  # type: ignore[arg-type]  # actuators act only on signed decisions
             topic = self.config.topic(etype)
             key = ev.source_topic.encode() if etype == "dead_letter" else message_key(ev)  # type: ignore[attr-defined]
             self._producer.produce(topic, encode(ev), key=key)
@@ -314,6 +324,8 @@ class Worker:
                 self._log(ev)
         if events:
             self._producer.poll(0)
+            if self.metrics is not None:
+                self.metrics.count(events)
 
     @staticmethod
     def _log(ev: Envelope) -> None:
@@ -417,8 +429,10 @@ class Worker:
             self._producer.flush(10.0)
 
 
-def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING") -> None:
-    """Run a detection worker until SIGINT/SIGTERM."""
+def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: str = "WARNING",
+               sign: Callable[[Decision], Decision] | None = None, metrics: Any = None) -> None:
+    """Run a detection worker until SIGINT/SIGTERM; ``sign`` signs the decisions it publishes; ``metrics``
+    (a :class:`vigil.streams.metrics.WorkerMetrics`, already serving) watches it."""
     import signal
 
     logging.basicConfig(level=getattr(logging, loglevel.upper(), logging.WARNING),
@@ -426,4 +440,12 @@ def run_worker(config: StreamConfig, ready_file: Path | None = None, loglevel: s
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    Worker(config, ready_file=ready_file).run(stop)
+    if sign is None and config.decide:
+        log.warning("no decision signing key (VIGIL_DECISION_KEYS): decisions are published unsigned, "
+                    "and actuators refuse them")
+    if metrics is not None:
+        config = metrics.instrument(config)  # its detectors timed (a sample of them)
+    worker = Worker(config, ready_file=ready_file, sign=sign)
+    if metrics is not None:
+        metrics.watch(worker, stop)
+    worker.run(stop)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from vigil.detectors.straggler import Localization, localize_window
+from vigil.detectors.localization import Localization, localize_window
 from vigil.producers.training.timing import minus_length, union_length
 
 __all__ = ["RankTrace", "load_trace", "step_records", "analyze", "Analysis", "DEFAULT_WAIT_MARKERS"]

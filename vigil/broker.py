@@ -123,7 +123,8 @@ class TansuBroker:
                 f"(`ss -ltnp 'sport = :{self.port}'`) or run `vigil up` without --port to pick a free one"
             )
         url = f"tcp://127.0.0.1:{self.port}"
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        log = (os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
+               if self.log_path else subprocess.DEVNULL)
         try:
             self.proc = subprocess.Popen(
                 [str(self.binary), "broker", "--listener-url", url, "--advertised-listener-url", url,

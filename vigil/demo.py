@@ -27,13 +27,15 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from vigil.bench.machine import measured
 from vigil.producers.publisher import Publisher
 from vigil.sim.simulator import ClusterSimulator, Fault, demo_scenario
 from vigil.schemas import Alert, Decision, decode
 from vigil.streams.kafka import reader
 from vigil.broker import StackError, die_with_parent
 from vigil.settings import Settings
-from vigil.stack import EmbeddedStack, StackInfo, wait_for_file
+from vigil.secrets import private_dir, redact_dsn
+from vigil.stack import EmbeddedStack, StackInfo, ensure_stack_key, wait_for_file
 
 SCENARIO_S = 36.0
 FAIL_SLOWS = ("gpu_slow", "congestion")
@@ -78,6 +80,7 @@ class WorkerProcesses:
             "VIGIL_STATE_DIR": str(self.settings.state_dir),
             "VIGIL_TOPIC_PREFIX": self.settings.topic_prefix,
             "VIGIL_GROUP_ID": self.settings.group_id,
+            **ensure_stack_key(self.settings),  # the workers sign their decisions with this stack's key
         })
         log = open(self.log_path, "ab")
         for i in range(self.count):
@@ -157,15 +160,32 @@ def explain(alert: Alert, scoreboard: list[dict[str, Any]]) -> str:
 
 def run_demo(settings: Settings, console: Console, json_path: Path | None = None, n_workers: int = 1,
              seed: int = 0) -> int:
+    """Play the demo; write its scoreboard (with the machine and its load before and after) to ``json_path``."""
+    machine: dict[str, Any] = {}
+    with measured(machine):
+        code, summary = _run_demo(settings, console, n_workers, seed)
+    if summary is None:
+        return code
+    summary["machine"] = machine
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(summary, indent=2) + "\n")
+        console.print(f"scoreboard written to {json_path}")
+    console.print(f"demo finished in {summary['wall_s']:.1f} s")
+    return code
+
+
+def _run_demo(settings: Settings, console: Console, n_workers: int, seed: int) -> tuple[int, dict[str, Any] | None]:
+    """The exit code, and the scoreboard's summary (None when the demo could not run)."""
     started = time.time()
     run_id = uuid.uuid4().hex[:8]
     settings = _demo_settings(settings, run_id)
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.state_dir)
     running = StackInfo.read(settings.stack_file)
     if running is not None:
         console.print(f"[red]error:[/red] another vigil demo runs from {settings.state_dir} (pid {running.pid}); "
                       "wait for it, or give this one its own VIGIL_STATE_DIR")
-        return 1
+        return 1, None
     _fresh_history(settings)
     console.rule("[bold]vigil demo[/bold]")
     stack = EmbeddedStack(settings, query_server=False)
@@ -176,8 +196,9 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
                 stack.start()
             except StackError as exc:
                 console.print(f"[red]error:[/red] {exc}")
-                return 1
-        console.print(f"[green]✓[/green] stack up: broker {stack.bootstrap}, history {settings.resolved_clickhouse_dsn}")
+                return 1, None
+        console.print(f"[green]✓[/green] stack up: broker {stack.bootstrap}, "
+                      f"history {redact_dsn(settings.resolved_clickhouse_dsn)}")
         assert stack.bootstrap is not None
         workers = WorkerProcesses(settings, stack.bootstrap, n_workers)
         with console.status(f"starting {n_workers} detection worker(s) and joining the consumer group..."):
@@ -186,7 +207,7 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
             if not workers.wait_ready(90.0):
                 console.print("[red]error:[/red] detection worker did not become ready; its log:")
                 console.print(workers.log_tail())
-                return 1
+                return 1, None
         console.print(f"[green]✓[/green] {n_workers} worker(s) ready in {time.monotonic() - t0:.1f} s")
         result = _play(settings, stack, console, seed)
         scoreboard, history_rows, history_count, seen = result
@@ -204,12 +225,7 @@ def run_demo(settings: Settings, console: Console, json_path: Path | None = None
         "alerts_on_topic": len(seen),
         "wall_s": round(time.time() - started, 2),
     }
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(summary, indent=2) + "\n")
-        console.print(f"scoreboard written to {json_path}")
-    console.print(f"demo finished in {summary['wall_s']:.1f} s")
-    return 0 if ok else 1
+    return (0 if ok else 1), summary
 
 
 def _play(settings: Settings, stack: EmbeddedStack, console: Console, seed: int):

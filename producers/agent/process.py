@@ -27,6 +27,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from datetime import datetime
@@ -53,19 +54,34 @@ def exit_event(now: datetime, source: Source, pid: int, returncode: int | None, 
     return ProcessExit(event_time=now, source=source, pid=pid, exit_code=code, signal=sig, local_rank=local_rank,
                        command=command)
 
+_TRAMPOLINE = ("import os, signal, sys\n"
+               "for s in ({},): signal.signal(s, signal.SIG_IGN)\n"
+               "os.execvp(sys.argv[1], sys.argv[1:])")
+
 
 class ProcessSupervisor(Collector):
     name = "process"
 
     def __init__(self, interval_s: float, source: Source, command: Sequence[str], nproc: int = 1, *,
                  nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1", master_port: int = 29500,
-                 env: Mapping[str, str] | None = None, cwd: str | None = None, log_dir: str | os.PathLike | None = None) -> None:
+                 env: Mapping[str, str] | None = None, cwd: str | None = None, log_dir: str | os.PathLike | None = None,
+                 ignore_signals: Sequence[int] = ()) -> None:
         super().__init__(interval_s, source)
         if not command:
             raise ValueError("no command to supervise")
         if nproc < 1:
             raise ValueError(f"nproc must be >= 1, got {nproc}")
         self.command = list(command)
+        if ignore_signals:
+            # Ignored signals stay ignored across exec: a tiny trampoline sets them and becomes the command
+            # (preexec_fn is unsafe in a threaded agent). Under Slurm the early warning reaches every
+            # process of the step; the ranks must not die of it, the agent answers it.
+            import shutil
+
+            if shutil.which(self.command[0]) is None:  # as Popen would say, before the trampoline hides it
+                raise FileNotFoundError(f"{self.command[0]}: command not found")
+            nums = ",".join(str(int(s)) for s in ignore_signals)
+            self.command = [sys.executable, "-c", _TRAMPOLINE.format(nums), *self.command]
         self.nproc, self.nnodes, self.node_rank = nproc, nnodes, node_rank
         self.master_addr, self.master_port = master_addr, master_port
         self.extra_env = dict(env or {})

@@ -8,10 +8,11 @@ publishes each group as one Kafka message every ``max_delay_s`` or when
 ``max_events`` are waiting. Kafka sees a handful of messages per interval
 per node instead of one per rank per step.
 
-It also remembers the highest training step it has seen per job
+It also remembers per job the highest training step it has seen
 (:meth:`NodeBatcher.highest_step`), which the local actuator's no-progress
 guard reads: a job whose step no longer rises across restarts is not
-making progress.
+making progress; and how long its steps and its checkpoints take
+(:meth:`NodeBatcher.timings`), which the agent's walltime rule reads.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import socket
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +58,19 @@ class NodeBatcher:
         self.published_messages = 0
         self._groups: dict[tuple[str, bytes], list[Envelope]] = {}
         self._steps: dict[str, int] = {}
+        #: job -> recent step durations, recent checkpoint durations, (step, seconds) of the last saved checkpoint
+        self._durations: dict[str, deque[float]] = {}
+        self._checkpoints: dict[str, deque[float]] = {}
+        self._last_checkpoint: dict[str, tuple[int, float]] = {}
+        self._saved_at: dict[tuple[str, int | None], float] = {}
         self._waiting = 0
         self._oldest: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if len(os.fsencode(self.path)) >= 108:  # the kernel's sun_path limit; say which path, not "path too long"
+            raise ValueError(f"hooks socket path {self.path} is too long for a Unix socket (max 107 bytes): "
+                             "give a shorter --hooks-socket / VIGIL_HOOKS_SOCKET")
         try:
             self.path.unlink()
         except FileNotFoundError:
@@ -122,20 +132,44 @@ class NodeBatcher:
         urgent = False
         steps = self._steps
         for ev in events:
-            self._groups.setdefault((ev.event_type, message_key(ev)), []).append(ev)  # type: ignore[attr-defined]
-            urgent = urgent or ev.event_type == "training_exception"  # type: ignore[attr-defined]
+            etype = ev.event_type  # type: ignore[attr-defined]
+            self._groups.setdefault((etype, message_key(ev)), []).append(ev)
+            # what cannot wait: an exception (the process may be exiting), a checkpoint's start or end and a
+            # clean end (a long pause on purpose must be known before it looks like a hang)
+            urgent = urgent or etype in ("training_exception", "checkpoint", "process_exit")
             step = getattr(ev, "step", None)
-            if step is not None and ev.source.job is not None and step > steps.get(ev.source.job, -1):
-                steps[ev.source.job] = step
+            job = ev.source.job
+            if step is not None and job is not None and step > steps.get(job, -1):
+                steps[job] = step
+            if job is not None:
+                self._learn(job, ev)
         self._waiting += len(events)
         if self._oldest is None and events:
             self._oldest = now
         if urgent:  # the process may be exiting: no batching delay
             self.flush()
 
+    def _learn(self, job: str, ev: Envelope) -> None:
+        etype = ev.event_type  # type: ignore[attr-defined]
+        if etype == "iteration":
+            self._durations.setdefault(job, deque(maxlen=100)).append(ev.duration_s)  # type: ignore[attr-defined]
+        elif etype == "checkpoint" and ev.phase == "completed" and ev.duration_s is not None:  # type: ignore[attr-defined]
+            self._checkpoints.setdefault(job, deque(maxlen=8)).append(ev.duration_s)  # type: ignore[attr-defined]
+            self._last_checkpoint[job] = (ev.step, ev.duration_s)  # type: ignore[attr-defined]
+            self._saved_at[(job, ev.source.rank)] = ev.event_time.timestamp()
+
     def highest_step(self, job: str) -> int | None:
         """The highest training step seen from ``job``'s ranks on this node (None: none seen yet)."""
         return self._steps.get(job)
+
+    def saved_since(self, job: str, t: float, ranks: list[int]) -> bool:
+        """Did every one of ``ranks`` of ``job`` complete a checkpoint at or after ``t`` (seconds since the epoch)?"""
+        return bool(ranks) and all(self._saved_at.get((job, r), float("-inf")) >= t for r in ranks)
+
+    def timings(self, job: str) -> tuple[float | None, float | None, tuple[int, float] | None]:
+        """``(longest recent step s, longest recent checkpoint s, (step, s) of the last saved checkpoint)``."""
+        steps, ckpts = self._durations.get(job), self._checkpoints.get(job)
+        return (max(steps) if steps else None, max(ckpts) if ckpts else None, self._last_checkpoint.get(job))
 
     def flush(self) -> None:
         groups, self._groups = self._groups, {}

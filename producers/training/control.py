@@ -44,6 +44,7 @@ class ControlChannel:
             pass
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sock.bind(str(self.path))
+        self._sock.settimeout(0.2)  # here, not in the thread: a channel closed at once must not race it
         os.chmod(self.path, mode)
         self._queue: queue.Queue[tuple[Command, str]] = queue.Queue()
         self._stop = threading.Event()
@@ -51,7 +52,6 @@ class ControlChannel:
         self._thread.start()
 
     def _run(self) -> None:
-        self._sock.settimeout(0.2)
         while not self._stop.is_set():
             try:
                 data, addr = self._sock.recvfrom(4096)

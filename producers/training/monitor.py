@@ -60,25 +60,11 @@ chooses CUDA when the default process group's backend is NCCL at
 :meth:`TrainingMonitor.instrument_collectives`. Both paths produce the same
 record; ``measured`` says which made each figure.
 
-Traffic seen
-------------
-* the functions of ``torch.distributed`` (:data:`COLLECTIVES`), incl. the
-  ``*_single`` ones FSDP2 (``fully_shard``) calls, and ``batch_isend_irecv``;
-* DDP: its C++ reducer does not call them; :meth:`TrainingMonitor.register_ddp_comm_hook`
-  installs a communication hook that times every gradient bucket (it wraps
-  the default all-reduce, or the hook you pass);
-* Megatron-style pipelines: point-to-point calls issued through
-  ``torch.distributed`` (send/recv, isend/irecv, ``batch_isend_irecv``) are
-  timed as *wait* (kind ``pp``) with no marking; wrap the schedule's
-  bubbles (the warm-up receives before a stage's first forward, the
-  cool-down ones after its last, or any wait your schedule knows is a
-  bubble) in ``with mon.pipeline_wait():`` (kind ``bubble``), and any wait the
-  wrappers cannot see (a framework's own P2P path) likewise.
-
-Process group names: ``world`` for the default group; a group registered with
-:meth:`TrainingMonitor.name_group` (e.g. ``"tp:1"``) has that name; any other
-is named by its ranks (``"ranks:0,1"``). The kind of a group is its name's
-part before the colon.
+Traffic seen: every collective and point-to-point call of
+``torch.distributed``, DDP's gradient buckets, pipeline bubbles you mark
+(:mod:`vigil.producers.training.collectives`). The control channel's
+commands: :mod:`vigil.producers.training.commands`; exceptions and the hang
+watchdog: :mod:`vigil.producers.training.failures`.
 
 Cost: the hot path appends one list per collective, wait and mark, reads the
 clock (or records two events) per call, and does the split once per step;
@@ -98,119 +84,24 @@ open too long, and publishes it (``flight_recorder_dump``).
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
-import statistics
-import sys
 import threading
 import time
-import traceback as tb_mod
 from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from vigil.producers.training.control import Command, ControlChannel, control_path
-from vigil.producers.training.exceptions import classify_exception
+from vigil.producers.training.collectives import COLLECTIVES, P2P_KIND, CollectiveHooks
+from vigil.producers.training.commands import CommandHooks
+from vigil.producers.training.control import Command, ControlChannel
+from vigil.producers.training.cuda_events import CudaEvents, EventBackend, _events_of, _is_event
+from vigil.producers.training.failures import FailureHooks
 from vigil.producers.training.batching import default_hooks_socket
 from vigil.producers.training.timing import BLOCKED, COLLECTIVE, COMPUTE, WAIT, split_step
-from vigil.producers.training.wire import MAX_DATAGRAM, Sink, UnixDatagramSink, encode_datagram
+from vigil.producers.training.wire import Sink, UnixDatagramSink
 
 __all__ = ["TrainingMonitor", "StepContext", "COLLECTIVES", "EventBackend", "CudaEvents"]
-
-#: torch.distributed function -> recorded op. Async variants are the same functions with
-#: ``async_op=True`` (and isend/irecv), whose handle's ``wait()`` is timed too.
-COLLECTIVES: dict[str, str] = {
-    "all_reduce": "all_reduce",
-    "all_gather": "all_gather",
-    "all_gather_into_tensor": "all_gather",
-    "all_gather_single": "all_gather",  # FSDP2 (torch >= 2.10)
-    "reduce_scatter": "reduce_scatter",
-    "reduce_scatter_tensor": "reduce_scatter",
-    "reduce_scatter_single": "reduce_scatter",  # FSDP2
-    "broadcast": "broadcast",
-    "all_to_all": "all_to_all",
-    "all_to_all_single": "all_to_all",
-    "send": "send",
-    "recv": "recv",
-    "isend": "send",
-    "irecv": "recv",
-    "barrier": "barrier",
-    "reduce": "other",
-    "gather": "other",
-    "scatter": "other",
-}
-_ASYNC_ALWAYS = {"isend", "irecv"}
-#: Point-to-point functions: their blocking time is *wait* (for a peer), not communication.
-_P2P = {"send", "recv", "isend", "irecv"}
-#: The group kind under which point-to-point time is reported.
-P2P_KIND = "pp"
-
-
-def _nbytes(x: Any) -> int:
-    n = getattr(x, "nbytes", None)
-    if isinstance(n, int):
-        return n
-    if isinstance(x, (list, tuple)):
-        return sum(_nbytes(t) for t in x)
-    return 0
-
-
-class EventBackend:
-    """What the CUDA path needs from a device (duck-typed; :class:`CudaEvents` is the real one).
-
-    ``record()`` returns a new timing event recorded on the *current* stream;
-    ``query(e)`` says, without blocking, whether the stream has passed it;
-    ``elapsed_s(a, b)`` is the device time from ``a`` to ``b`` in seconds
-    (both completed); ``synchronize(e)`` blocks until ``e`` completes (used
-    only by :meth:`TrainingMonitor.close`); ``release(events)`` takes events
-    back for reuse once read.
-    """
-
-    def record(self) -> Any:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def query(self, event: Any) -> bool:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def elapsed_s(self, a: Any, b: Any) -> float:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def synchronize(self, event: Any) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def release(self, events: list[Any]) -> None:
-        pass
-
-
-class CudaEvents(EventBackend):  # pragma: no cover - needs a CUDA device (none in CI); the fake in vigil.sim.fake_cuda stands in
-    """``torch.cuda.Event(enable_timing=True)`` recorded on the current stream, reused from a pool."""
-
-    def __init__(self, pool_max: int = 8192) -> None:
-        import torch
-
-        self._new = functools.partial(torch.cuda.Event, enable_timing=True)
-        self._pool: list[Any] = []
-        self._pool_max = pool_max
-
-    def record(self) -> Any:
-        ev = self._pool.pop() if self._pool else self._new()
-        ev.record()
-        return ev
-
-    def query(self, event: Any) -> bool:
-        return bool(event.query())
-
-    def elapsed_s(self, a: Any, b: Any) -> float:
-        return a.elapsed_time(b) / 1000.0
-
-    def synchronize(self, event: Any) -> None:
-        event.synchronize()
-
-    def release(self, events: list[Any]) -> None:
-        room = self._pool_max - len(self._pool)
-        if room > 0:
-            self._pool.extend(events[:room])
 
 
 class StepContext:
@@ -227,61 +118,7 @@ class StepContext:
         self.exception: BaseException | None = None
 
 
-class _TimedWork:
-    """Proxy of an async operation's handle: ``wait()`` is timed (blocked on a collective, or waiting for a peer)."""
-
-    __slots__ = ("_work", "_mon", "_rec", "_iv", "_p2p")
-
-    def __init__(self, work: Any, mon: "TrainingMonitor", rec: list, iv: list | None, p2p: bool) -> None:
-        self._work = work
-        self._mon = mon
-        self._rec = rec
-        self._iv = iv
-        self._p2p = p2p
-
-    def wait(self, *args: Any, **kwargs: Any) -> Any:
-        mon = self._mon
-        clock = mon._clock
-        t0 = clock()
-        s0 = mon._events.record() if mon._cuda else t0
-        try:
-            return self._work.wait(*args, **kwargs)
-        finally:
-            t1 = clock()
-            s1 = mon._events.record() if mon._cuda else t1
-            if self._p2p:
-                mon._iv.append([WAIT | BLOCKED, s0, s1, P2P_KIND])
-                self._rec[5] = t1
-            else:
-                mon._iv.append([BLOCKED, s0, s1, None])
-                iv = self._iv
-                if iv is not None and iv[2] is None:  # no completion callback (yet): it ended by now
-                    iv[2] = s1
-                    self._rec[5] = t1
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._work, name)
-
-
-class _P2PWrapper:
-    """``isend``/``irecv`` wrapped, still equal to the original: ``P2POp`` checks ``op in [isend, irecv]``."""
-
-    def __init__(self, fn: Callable, wrapper: Callable) -> None:
-        self._fn = fn
-        self._wrapper = wrapper
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._wrapper(*args, **kwargs)
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or other is self._fn
-
-    def __hash__(self) -> int:
-        return hash(self._fn)
-
-
-class TrainingMonitor:
+class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
     """Hooks of one training process (one rank).
 
     Parameters
@@ -357,6 +194,8 @@ class TrainingMonitor:
         self._prev_threading_hook: Any = None
         self.control: ControlChannel | None = None
         self._on_checkpoint: Callable[[int], None] | None = None
+        self._agree_every = 1
+        self._exit_asked = False
         self.exit_requested = False
         self._watchdog: threading.Thread | None = None
         self._watchdog_stop = threading.Event()
@@ -612,372 +451,13 @@ class TrainingMonitor:
             rec[2] = self._events.record() if cuda else self._clock()
             self._iv.append(rec)
 
-    # -- control -----------------------------------------------------------------------------
 
-    def start_control(self, path: str | os.PathLike | None = None, on_checkpoint: Callable[[int], None] | None = None) -> ControlChannel:
-        """Listen for commands on ``path`` (default :func:`~vigil.producers.training.control.control_path`)."""
-        self._on_checkpoint = on_checkpoint
-        self.control = ControlChannel(path or control_path(self.job, self.rank))
-        return self.control
 
-    def _apply_commands(self, ctx: StepContext) -> None:
-        if self.control is None:
-            return
-        for cmd in self.control.poll():
-            self._apply(cmd, ctx)
 
-    def _apply(self, cmd: Command, ctx: StepContext) -> None:
-        ctx.commands.append(cmd)
-        if cmd is Command.retry_step:
-            ctx.retry = True
-        elif cmd is Command.checkpoint:
-            ctx.checkpoint_requested = True
-            if self._on_checkpoint is not None:
-                with self.checkpoint(ctx.step):
-                    self._on_checkpoint(ctx.step)
-        elif cmd is Command.save_and_exit:
-            ctx.checkpoint_requested = True
-            ctx.exit_requested = True
-            self.exit_requested = True
-            if self._on_checkpoint is not None:
-                with self.checkpoint(ctx.step):
-                    self._on_checkpoint(ctx.step)
 
-    def _handle_failure(self, ctx: StepContext) -> bool:
-        """After a failed step: apply queued commands, wait ``retry_wait_s`` for one; True = retry."""
-        if self.control is None:
-            return False
-        self._apply_commands(ctx)
-        if not ctx.commands and self.retry_wait_s > 0:
-            cmd = self.control.wait(self.retry_wait_s)
-            if cmd is not None:
-                self._apply(cmd, ctx)
-        return ctx.retry and not ctx.exit_requested
 
-    # -- exceptions --------------------------------------------------------------------------
 
-    def report_exception(self, exc: BaseException, thread: str | None = None) -> None:
-        """Classify and send an exception now (once per exception object)."""
-        if getattr(exc, "_vigil_reported", False):
-            return
-        try:
-            exc._vigil_reported = True  # type: ignore[attr-defined]
-        except AttributeError:
-            pass
-        text = "".join(tb_mod.format_exception(type(exc), exc, exc.__traceback__))[-8000:]
-        rec = ["ex", classify_exception(exc), type(exc).__name__, str(exc)[:4000], text,
-               thread or threading.current_thread().name, self._clock()]
-        with self._lock:
-            self._buf.append(rec)
-        self.flush(urgent=True)
 
-    def install_exception_hooks(self) -> None:
-        """Publish uncaught exceptions of the main thread and of other threads before the process exits."""
-        if self._prev_excepthook is not None:
-            return
-        self._prev_excepthook = sys.excepthook
-        self._prev_threading_hook = threading.excepthook
-
-        def excepthook(exc_type: type, exc: BaseException, tb: Any) -> None:
-            if not issubclass(exc_type, (KeyboardInterrupt, SystemExit)):
-                try:
-                    self.report_exception(exc, thread="MainThread")
-                except Exception:  # reporting must never mask the original failure
-                    pass
-            self._prev_excepthook(exc_type, exc, tb)
-
-        def thread_hook(args: Any) -> None:
-            if args.exc_value is not None and not isinstance(args.exc_value, SystemExit):
-                try:
-                    self.report_exception(args.exc_value, thread=getattr(args.thread, "name", None))
-                except Exception:
-                    pass
-            self._prev_threading_hook(args)
-
-        sys.excepthook = excepthook
-        threading.excepthook = thread_hook
-
-    def uninstall_exception_hooks(self) -> None:
-        if self._prev_excepthook is not None:
-            sys.excepthook = self._prev_excepthook
-            threading.excepthook = self._prev_threading_hook
-            self._prev_excepthook = self._prev_threading_hook = None
-
-    # -- torch.distributed -------------------------------------------------------------------
-
-    def name_group(self, group: Any, name: str) -> None:
-        """Name a process group in the records (e.g. ``"tp:0"``: the kind before the colon)."""
-        self._group_names[id(group)] = name
-
-    def _group_name(self, group: Any) -> str:
-        if group is None:
-            return "world"
-        name = self._group_names.get(id(group))
-        if name is None:
-            try:
-                ranks = self._dist.get_process_group_ranks(group)
-                name = "world" if len(ranks) == self._dist.get_world_size() else "ranks:" + ",".join(map(str, ranks))
-            except Exception:
-                name = f"group:{id(group):x}"
-            self._group_names[id(group)] = name
-        return name
-
-    def instrument_collectives(self, dist: Any = None) -> None:
-        """Wrap the collectives of ``torch.distributed`` (call after ``init_process_group``).
-
-        With ``timing="auto"`` this is where the path is chosen: CUDA events
-        when the default group's backend is NCCL, the host clock otherwise.
-        """
-        if self._originals:
-            return
-        if dist is None:
-            import torch.distributed as dist  # noqa: PLC0415 - torch is optional for the rest
-        self._dist = dist
-        if self.timing == "auto" and not self._cuda:
-            try:
-                backend = str(dist.get_backend()).lower()
-            except Exception:
-                backend = ""
-            if "nccl" in backend:
-                self._use_cuda()
-        for name, op in COLLECTIVES.items():
-            fn = getattr(dist, name, None)
-            if fn is None:
-                continue
-            self._originals[name] = fn
-            w = self._wrap(fn, name, op)
-            setattr(dist, name, _P2PWrapper(fn, w) if name in _ASYNC_ALWAYS else w)
-        batch = getattr(dist, "batch_isend_irecv", None)
-        if batch is not None:
-            self._originals["batch_isend_irecv"] = batch
-            setattr(dist, "batch_isend_irecv", self._wrap_batch(batch))
-
-    def uninstrument_collectives(self) -> None:
-        for name, fn in self._originals.items():
-            setattr(self._dist, name, fn)
-        self._originals = {}
-
-    def _wrap(self, fn: Callable, name: str, op: str) -> Callable:
-        mon = self
-        always_async = name in _ASYNC_ALWAYS
-        p2p = name in _P2P
-        async_pos = _ASYNC_POS.get(name)
-        tls = self._tls
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            if getattr(tls, "depth", 0):
-                return fn(*args, **kwargs)  # inside a call timed as a whole (a DDP hook, a batch of P2P ops)
-            clock = mon._clock
-            cuda = mon._cuda
-            t0 = clock()
-            s0 = mon._events.record() if cuda else t0
-            result = fn(*args, **kwargs)
-            t1 = clock()
-            group = kwargs.get("group")
-            if group is None and name != "barrier":
-                group = _positional_group(name, args)
-            elif name == "barrier" and group is None and args:
-                group = args[0]
-            gname = mon._group_name(group)
-            rec = ["cc", op, gname, _nbytes(args[0]) if args and name != "barrier" else 0, t0, t1]
-            is_async = always_async or bool(kwargs.get("async_op")) or (
-                async_pos is not None and len(args) > async_pos and bool(args[async_pos]))
-            if getattr(tls, "marked", 0):  # inside pipeline_wait(): the call is recorded, its time is the block's
-                mon._append(rec)
-                return result
-            if not is_async or result is None:
-                s1 = mon._events.record() if cuda else t1
-                if p2p:
-                    mon._iv.append([WAIT | BLOCKED, s0, s1, P2P_KIND])
-                else:
-                    mon._iv.append([COLLECTIVE | BLOCKED, s0, s1, gname.split(":", 1)[0]])
-                mon._append(rec)
-                return result
-            mon._append(rec)
-            if p2p:
-                return _TimedWork(result, mon, rec, None, True)
-            iv = [COLLECTIVE, s0, None, gname.split(":", 1)[0]]
-            mon._iv.append(iv)
-            mon._on_completion(result, iv, rec)
-            return _TimedWork(result, mon, rec, iv, False)
-
-        return wrapper
-
-    def _on_completion(self, work: Any, iv: list[Any], rec: list[Any]) -> None:
-        """End an async collective's interval when it completes: a callback on its future.
-
-        CPU (gloo): the callback runs on the backend's thread when the work
-        completes; the host clock then is its end. CUDA: the callback runs with
-        the current stream synchronised with the collective's stream, so an
-        event recorded there completes when the collective does.
-        """
-        try:
-            fut = work.get_future()
-        except Exception:  # no futures on this backend: the end is when wait() returns
-            return
-        mon = self
-        if self._cuda:
-            def done(f: Any) -> None:
-                iv[2] = mon._events.record()
-        else:
-            def done(f: Any) -> None:
-                t = mon._clock()
-                iv[2] = t
-                rec[5] = t
-        fut.then(done)
-
-    def _wrap_batch(self, fn: Callable) -> Callable:
-        """``batch_isend_irecv``: one wait per returned request; the isend/irecv inside are not timed again."""
-        mon = self
-        tls = self._tls
-        originals = self._originals
-
-        @functools.wraps(fn)
-        def wrapper(p2p_op_list: list) -> Any:
-            if getattr(tls, "depth", 0):
-                return fn(p2p_op_list)
-            for p in p2p_op_list:  # torch tells send from recv by identity (`op.op is isend`)
-                o = getattr(p, "op", None)
-                if isinstance(o, _P2PWrapper):
-                    p.op = o._fn
-            t0 = mon._clock()
-            tls.depth = getattr(tls, "depth", 0) + 1
-            try:
-                works = fn(p2p_op_list)
-            finally:
-                tls.depth -= 1
-            t1 = mon._clock()
-            out = []
-            for p, w in zip(p2p_op_list, works or []):
-                op = "send" if getattr(p, "op", None) is originals.get("isend") or getattr(getattr(p, "op", None), "__name__", "") == "isend" else "recv"
-                rec = ["cc", op, mon._group_name(getattr(p, "group", None)), _nbytes(getattr(p, "tensor", None)), t0, t1]
-                mon._append(rec)
-                out.append(w if getattr(tls, "marked", 0) else _TimedWork(w, mon, rec, None, True))
-            return out if works is not None else works
-
-        return wrapper
-
-    def register_ddp_comm_hook(self, model: Any, hook: Callable | None = None, state: Any = None,
-                               group_name: str | None = None) -> None:
-        """Install on a ``DistributedDataParallel`` model a communication hook that times every gradient bucket.
-
-        One call instead of ``model.register_comm_hook(state, hook)``: with no
-        ``hook`` it wraps torch's default all-reduce (``allreduce_hook``, with
-        ``state`` the process group, default DDP's); otherwise it wraps yours
-        with your ``state``. DDP accepts one hook per model: if one is already
-        registered, pass it here instead.
-
-        Each bucket is a collective from the hook's call to its future's
-        completion (kind ``dp`` unless the group was named with
-        :meth:`name_group`); the rank is *blocked* from the last bucket's call
-        (the end of the backward's compute) until every bucket of that
-        backward has completed (DDP waits for them there).
-        """
-        if getattr(model, "_comm_hooks", None):
-            raise RuntimeError("this DDP model already has a communication hook; DDP accepts one: pass it as "
-                               "register_ddp_comm_hook(model, hook=your_hook, state=your_state)")
-        if hook is None:
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as hook  # noqa: PLC0415
-        default = getattr(hook, "__name__", "") == "allreduce_hook"
-        group = state if default and state is not None else getattr(model, "process_group", None)
-        if group_name is None:
-            group_name = self._group_names.get(id(group)) if group is not None else None
-        gname = group_name or "dp"
-        kind = gname.split(":", 1)[0]
-        mon = self
-        tls = self._tls
-        batch: list[list[Any]] = []
-
-        def timed_hook(st, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations: none here
-            cuda = mon._cuda
-            t0 = mon._clock()
-            s0 = mon._events.record() if cuda else t0
-            tls.depth = getattr(tls, "depth", 0) + 1
-            try:
-                fut = hook(st, bucket)
-            finally:
-                tls.depth -= 1
-            buf = bucket.buffer()
-            rec = ["cc", "all_reduce", gname, int(buf.numel() * buf.element_size()), t0, t0]
-            iv = [COLLECTIVE, s0, None, kind]
-            mon._iv.append(iv)
-            batch.append(iv)
-            if bucket.is_last():
-                mon._iv.append([BLOCKED, s0, None, None, list(batch)])
-                batch.clear()
-
-            def done(f: Any) -> Any:
-                if cuda:
-                    iv[2] = mon._events.record()
-                else:
-                    t = mon._clock()
-                    iv[2] = t
-                    rec[5] = t
-                return f.value()
-
-            mon._append(rec)
-            return fut.then(done)
-
-        model.register_comm_hook(state, timed_hook)
-
-    # -- hangs: the flight recorder --------------------------------------------------------
-
-    def dump_flight_recorder(self, trigger: str = "on_demand") -> dict[str, Any]:
-        """Take this rank's flight-recorder dump now and send it (urgent); returns the payload sent.
-
-        Safe from another thread while the training thread is blocked in a
-        collective. Where torch has no recorder (or its buffer size is 0) the
-        payload says so (``available`` false, ``unavailable_reason``).
-        """
-        from vigil.producers.training.flight_recorder import collect_dump, fit_payload
-
-        payload = collect_dump(self._dist, trigger=trigger)
-        payload = fit_payload(payload, lambda p: len(encode_datagram(self.source, [["fr", 0.0, p]])) <= MAX_DATAGRAM)
-        with self._lock:
-            self._buf.append(["fr", self._clock(), payload])
-        self.flush(urgent=True)
-        self.dumps_sent += 1
-        return payload
-
-    def start_hang_watchdog(self, factor: float = 3.0, min_timeout_s: float = 30.0, poll_s: float = 1.0,
-                            warmup_steps: int = 3) -> threading.Thread:
-        """Dump the flight recorder once when a step stays open longer than ``factor`` x the median step time.
-
-        The timeout is never below ``min_timeout_s``; nothing fires before
-        ``warmup_steps`` steps have closed. The thread wakes every ``poll_s``
-        seconds (the only work it does then is a comparison).
-        """
-        if factor <= 1 or min_timeout_s < 0 or poll_s <= 0 or warmup_steps < 1:
-            raise ValueError("factor must be > 1, min_timeout_s >= 0, poll_s > 0, warmup_steps >= 1")
-        if self._watchdog is not None:
-            return self._watchdog
-        mon = self
-
-        def run() -> None:
-            dumped_for: float | None = None
-            while not mon._watchdog_stop.wait(poll_s):
-                opened = mon._step_open_at
-                if opened is None or len(mon._durations) < warmup_steps or opened == dumped_for:
-                    continue
-                timeout = max(min_timeout_s, factor * statistics.median(list(mon._durations)))
-                if mon._clock() - opened > timeout:
-                    dumped_for = opened
-                    try:
-                        mon.dump_flight_recorder("hang")
-                    except Exception:  # the watchdog must not die with the dump
-                        pass
-
-        self._watchdog_stop.clear()
-        self._watchdog = threading.Thread(target=run, name="vigil-hang-watchdog", daemon=True)
-        self._watchdog.start()
-        return self._watchdog
-
-    def stop_hang_watchdog(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog_stop.set()
-            self._watchdog.join(timeout=5.0)
-            self._watchdog = None
 
     def close(self) -> None:
         """The training loop is done: harvest the CUDA path's last steps (blocking: not the hot path), say
@@ -996,29 +476,3 @@ class TrainingMonitor:
         self.sink.close()
 
 
-def _is_event(x: Any) -> bool:
-    return x is not None and not isinstance(x, (int, float))
-
-
-def _events_of(pending: tuple) -> list[Any]:
-    _step, _start, _end, e0, e1, iv, _ext = pending
-    out = [e0, e1]
-    for x in iv:
-        out.extend(v for v in (x[1], x[2]) if v is not None)
-    return out
-
-
-# Position of the ``group`` parameter in each function's signature.
-_GROUP_POS = {"all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "all_gather_single": 2,
-              "reduce_scatter": 3, "reduce_scatter_tensor": 3, "reduce_scatter_single": 3, "broadcast": 2,
-              "all_to_all": 2, "all_to_all_single": 4, "send": 2, "recv": 2, "isend": 2, "irecv": 2, "reduce": 3,
-              "gather": 3, "scatter": 3}
-# Position of ``async_op`` (when passed positionally).
-_ASYNC_POS = {"all_reduce": 3, "all_gather": 3, "all_gather_into_tensor": 3, "all_gather_single": 3,
-              "reduce_scatter": 4, "reduce_scatter_tensor": 4, "reduce_scatter_single": 4, "broadcast": 3,
-              "all_to_all": 3, "all_to_all_single": 5, "barrier": 1, "reduce": 4, "gather": 4, "scatter": 4}
-
-
-def _positional_group(name: str, args: tuple) -> Any:
-    pos = _GROUP_POS.get(name)
-    return args[pos] if pos is not None and len(args) > pos else None

@@ -24,6 +24,7 @@ Kafka).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections import Counter, deque
 from pathlib import Path
@@ -38,6 +39,7 @@ from vigil.actuators.safety import Safety, SafetyLimits
 from vigil.actuators.state import ActionState
 from vigil.actuators.planners import consolidate_stragglers, reroute_congested_link
 from vigil.schemas import ActionResult, Decision, Source, from_seconds
+from vigil.schemas.signing import Keyring
 from vigil.sim.clustersim.engine import JobRun
 from vigil.sim.clustersim.traces import FailStop
 
@@ -177,8 +179,11 @@ class SimActuator:
         sim = vigil.sim
         self._dir = tempfile.TemporaryDirectory(prefix="vigil-sim-ledger-")
         self.ledger = Ledger(Path(self._dir.name) / "ledger.sqlite", now=sim.abs())
+        # Signed as the worker signs and verified as an actuator verifies: the sim runs the real path.
+        self.keyring = Keyring({"sim": os.urandom(32)}, signing_key="sim")
         self.executor = Executor(self.backend, self.ledger, Inventory(sim.topology.nodes, sim.jobs),
-                                 Safety(SIM_LIMITS), source=Source(cluster="sim"), max_age_s=None)
+                                 Safety(SIM_LIMITS), source=Source(cluster="sim"), max_age_s=None,
+                                 keyring=self.keyring)
         self.queue: dict[str, deque[Decision]] = {}
         self.busy: dict[str, tuple[Decision, float]] = {}
         self.counts: Counter[str] = Counter()
@@ -193,6 +198,7 @@ class SimActuator:
         self._dir.cleanup()
 
     def submit(self, d: Decision) -> None:
+        d = self.keyring.sign(d)
         job = d.target.job
         if job is None or job not in self.v.sim.jobs:
             self._handle(d)
@@ -215,7 +221,7 @@ class SimActuator:
 
     def _handle(self, d: Decision) -> bool:
         """Through the executor; True while the action is under way."""
-        results = self.executor.handle(d, from_seconds(self.v.sim.abs()))
+        results = [r for r in self.executor.handle(d, from_seconds(self.v.sim.abs())) if isinstance(r, ActionResult)]
         self._report(results, d)
         if results and results[-1].state == "failed":  # type: ignore[attr-defined]
             self.refused[f"{d.action}: {results[-1].detail.split(':')[0][:60]}"] += 1  # type: ignore[attr-defined]

@@ -60,8 +60,9 @@ _DECISION_NS = uuid.UUID("5b2f6d0a-8c3e-4f1a-b7d9-2e6c4a8f1d07")
 #: Kinds that are degradations, not fail-stops: mitigated by ski rental, not by the ladder.
 DEGRADATIONS = GPU_CAUSES | LINK_CAUSES | {"fail_slow", "straggler", "recovery", "recovery_failed",
                                            "actuator_circuit_open", "health_check_failed"}
-#: Incidents whose cause is shared and not the nodes'; no machine acts on them (a human looks at the cause).
-SHARED_CAUSES = {NODES_SILENT}
+#: Incidents no machine acts on, a human does: a cause shared and not the nodes' (the telemetry path, a
+#: switch), a run whose chain of jobs stopped (resubmit it).
+SHARED_CAUSES = {NODES_SILENT, "chain_broken"}
 #: The severity each rung answers (Unicron: sev3 retry, sev2 restart, sev1 reconfigure).
 RUNG_SEVERITY = {"retry_in_place": 3, "restart_process": 2, "reconfigure": 1, "notify_human": 1}
 #: Remedies after which the failure counts as recovered when the actuator reports success.

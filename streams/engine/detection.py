@@ -43,7 +43,7 @@ from vigil.schemas import (
 from vigil.streams.engine.incidents import subject_key
 from vigil.streams.engine.steps import StepAssembler
 
-__all__ = ["BUILTIN", "DetectionEngine", "EngineParams"]
+__all__ = ["BUILTIN", "DetectionEngine", "EngineParams", "detector_finding"]
 
 _FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
 
@@ -80,6 +80,10 @@ class EngineParams:
     plugins: tuple[type[Detector], ...] = ()
     #: The built-in detectors to run.
     builtins: tuple[str, ...] = BUILTIN
+    #: Called on each detector class before the engine routes to it, returning the class to use
+    #: (``Callable[[type[Detector]], type[Detector]]``): a metrics endpoint times a sample of the
+    #: instances (:class:`vigil.streams.metrics.DetectorTimer`). None: the classes as they are.
+    instrument: Any = None
 
 
 class _Key:
@@ -138,6 +142,8 @@ class DetectionEngine:
     def __init__(self, params: EngineParams = EngineParams()) -> None:
         self.params = params
         classes = [REGISTRY[name] for name in params.builtins] + list(params.plugins)
+        if params.instrument is not None:
+            classes = [params.instrument(cls) for cls in classes]
         #: (per, input) -> detector classes consuming it
         self._routes: dict[tuple[str, str], list[type[Detector]]] = {}
         for cls in classes:
@@ -535,18 +541,21 @@ class DetectionEngine:
                              raised.detector, raised.detector_version, raised.evidence, cluster, raised.job_nodes, now,
                              raised.affected_jobs, raised.slowdown)
 
-    @staticmethod
-    def _finding(status: str, kind: str, severity: int, subject: Subject, onset: float, detector: str,
-                 version: str, evidence: dict, cluster: str, job_nodes: list[str], detected_at: float | None,
-                 affected_jobs: list[str], slowdown: Any) -> DetectorFinding:
-        at = onset if detected_at is None else detected_at
-        return DetectorFinding(
-            event_id=uuid.uuid5(_FINDING_NS, f"{status}|{kind}|{subject_key(subject)}|{onset:.6f}"),
-            event_time=from_seconds(at), source=Source(cluster=cluster), status=status, kind=kind,  # type: ignore[arg-type]
-            severity=severity, subject=subject, onset_time=from_seconds(onset), detector=detector,
-            detector_version=version, job_nodes=job_nodes, affected_jobs=affected_jobs, slowdown=slowdown,
-            evidence=_plain(evidence),
-        )
+    _finding = staticmethod(lambda *a, **k: detector_finding(*a, **k))  # defined below
+
+
+def detector_finding(status: str, kind: str, severity: int, subject: Subject, onset: float, detector: str,
+                     version: str, evidence: dict, cluster: str, job_nodes: list[str], detected_at: float | None,
+                     affected_jobs: list[str], slowdown: Any) -> DetectorFinding:
+    """A finding event; its id is the same wherever and however often it is made (consumers dedupe by it)."""
+    at = onset if detected_at is None else detected_at
+    return DetectorFinding(
+        event_id=uuid.uuid5(_FINDING_NS, f"{status}|{kind}|{subject_key(subject)}|{onset:.6f}"),
+        event_time=from_seconds(at), source=Source(cluster=cluster), status=status, kind=kind,  # type: ignore[arg-type]
+        severity=severity, subject=subject, onset_time=from_seconds(onset), detector=detector,
+        detector_version=version, job_nodes=job_nodes, affected_jobs=affected_jobs, slowdown=slowdown,
+        evidence=_plain(evidence),
+    )
 
 
 def _with_job(slowdown: Any, job: str | None) -> Any:

@@ -154,6 +154,8 @@ def _summary(f: DetectorFinding) -> str:
         detail = f": XID {ev.get('code')} {ev.get('mnemonic', '')} -> {ev.get('action', '')}"
     elif f.kind == COLLECTIVE_STUCK:
         return f"{f.kind} {subject}: {ev.get('summary', '')}"[:1000]
+    elif f.kind == "chain_broken":
+        return f"{f.kind} {subject}: {ev.get('why', '')}"[:1000]
     elif f.kind == NODES_SILENT:
         nodes = ev.get("nodes") or []
         return f"{len(nodes)} nodes went silent together ({', '.join(nodes[:8])}{'...' if len(nodes) > 8 else ''}): " \

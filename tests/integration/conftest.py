@@ -8,6 +8,7 @@ consumer groups and its own ClickHouse database.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,12 +18,25 @@ from pathlib import Path
 
 import pytest
 
+from vigil.schemas.signing import Keyring
 from vigil.streams.config import StreamConfig
 from vigil.streams.history import HistoryStore
 from vigil.streams.kafka import ensure_topics
 from vigil.broker import TansuBroker, find_tansu
 from vigil.stack import wait_for_file
 
+
+
+#: The decision key of every vigil process these tests start (workers sign with it, actuators check it):
+#: exported once, so that subprocesses inherit it. A test that wants other keys sets its own environment.
+DECISION_KEYS = {"integration": f"integration-tests-{uuid.uuid4().hex}"}
+os.environ.setdefault("VIGIL_DECISION_KEYS", json.dumps(DECISION_KEYS))
+#: The vigil processes these tests start serve no /metrics unless a test gives them a port (VIGIL_METRICS_PORT):
+#: their default ports would clash between the tests' processes and with any other vigil on this host.
+os.environ.setdefault("VIGIL_METRICS_PORT", "0")
+#: What signs decisions the tests make up as if the decision engine had (when the environment's key is theirs).
+KEYRING = Keyring({k: v.encode() for k, v in json.loads(os.environ["VIGIL_DECISION_KEYS"]).items()},
+                  signing_key=next(iter(json.loads(os.environ["VIGIL_DECISION_KEYS"]))))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -72,13 +86,15 @@ def history(history_session) -> HistoryStore:
 
 
 class WorkerProcess:
-    def __init__(self, config: StreamConfig, workdir: Path) -> None:
+    def __init__(self, config: StreamConfig, workdir: Path, metrics_port: int | None = None) -> None:
         self.config = config
         workdir.mkdir(parents=True, exist_ok=True)
         self.ready = workdir / f"ready-{uuid.uuid4().hex[:6]}"
         self.log = workdir / "worker.log"
         env = dict(os.environ, VIGIL_KAFKA_BOOTSTRAP=config.bootstrap, VIGIL_TOPIC_PREFIX=config.topic_prefix,
                    VIGIL_GROUP_ID=config.group_id, VIGIL_STATE_DIR=str(workdir))
+        if metrics_port is not None:
+            env["VIGIL_METRICS_PORT"] = str(metrics_port)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "vigil.cli", "worker", "--ready-file", str(self.ready), "--log-level", "INFO"],

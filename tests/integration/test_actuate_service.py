@@ -18,7 +18,7 @@ from confluent_kafka import Producer
 
 from vigil.schemas import ActionResult, Alert, DeadLetter, Decision, Subject, decode, encode
 from vigil.streams.kafka import reader
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import KEYRING, wait_for
 from vigil.stack import wait_for_file
 
 STUB = """#!/bin/sh
@@ -68,9 +68,11 @@ class Actuator:
 
 
 def decision(action: str, *, job: str | None = None, node: str | None = None, plan: dict | None = None) -> Decision:
+    """A decision as vigil's decision engine makes it: signed with the tests' decision key."""
     did = uuid.uuid4()
-    return Decision(event_time=datetime.now(timezone.utc), decision_id=did, idempotency_key=f"k-{did}",
-                    action=action, target=Subject(job=job, node=node), reason="integration test", plan=plan or {})
+    return KEYRING.sign(Decision(event_time=datetime.now(timezone.utc), decision_id=did, idempotency_key=f"k-{did}",
+                                 action=action, target=Subject(job=job, node=node), reason="integration test",
+                                 plan=plan or {}))
 
 
 class Topics:

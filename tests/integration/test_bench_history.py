@@ -26,4 +26,7 @@ def test_bench_history_tiny(tmp_path):
     gen = data["detail"]["generated"]
     assert gen["telemetry_rows"] == 20_000 and gen["rows"]["incidents"] == 2_000
     assert data["detail"]["sink"]["stored"] == 2_000
+    assert data["command"] == (f"vigil bench history --json {out} --telemetry-rows 20000 --incidents 2000 "
+                               "--sink-events 2000 --repeats 1")
+    assert all(len(data["detail"]["machine"][k]) == 3 for k in ("load_before", "load_after"))
     assert "written to" in done.stdout

@@ -51,8 +51,11 @@ def test_up_serves_sql_and_tail_then_stops_everything(env, tmp_path):
         assert json.loads(r.stdout.strip()) == {"n": 0}
 
         # a query error prints ClickHouse's message, not a traceback
-        r = vigil("sql", "SELEC 1", env=env)
+        r = vigil("sql", "SELECT 1 +", env=env)
         assert r.returncode == 1 and "Syntax error" in r.stderr and "Traceback" not in r.stderr
+        # (a statement that is not a read is refused before ClickHouse sees it: the endpoint is read-only)
+        r = vigil("sql", "SELEC 1", env=env)
+        assert r.returncode == 1 and "only read statements" in r.stderr and "Traceback" not in r.stderr
 
         # tail sees an alert published on the topic, filtered by severity
         tail = subprocess.Popen([sys.executable, "-m", "vigil.cli", "tail", "alerts", "--json", "--from-beginning",

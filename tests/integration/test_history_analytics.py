@@ -216,3 +216,28 @@ def test_migrate_keeps_existing_data_rebuilds_old_layouts_and_is_idempotent(hist
     assert store.migrate(ttl_days=3650, ttl_overrides={"gpu_telemetry": 7}) == [
         "gpu_telemetry: TTL toDateTime(event_time) + toIntervalDay(7)"]
     assert store.query(f"SELECT count() FROM {db}.incidents").rows[0][0] == len(sh.INCIDENTS)
+
+
+def test_run_ettr_adds_a_chain_of_jobs_and_keeps_the_queue_gap_apart(history):
+    """A run of two jobs under a time limit: job 1 runs 1000 s (90 steps of 10 s after a 100 s set-up), saves and
+    leaves at its limit; the next job waits 500 s in the queue, then runs 600 s (50 steps after 100 s) and
+    completes. Available 1600 s, productive 1400 s, gap 500 s: ETTR 1400/1600; the gap is not a failure."""
+    from vigil.schemas import JobState, Source
+
+    def state(job, s, t, **kw):
+        return JobState(event_time=sh.at(t), source=Source(cluster="lab", job=job), state=s, run="chain", gpus=8, **kw)
+
+    evs = [state("c1", "running", 0.0), state("c2", "pending", 900.0), state("c1", "time_limit", 1000.0,
+                                                                              checkpoint_step=89),
+           state("c2", "running", 1500.0), state("c2", "completed", 2100.0)]
+    evs += [sh._step_event("c1", i, 100.0 + 10 * i, 10.0, ["n00"]) for i in range(90)]
+    evs += [sh._step_event("c2", 90 + i, 1600.0 + 10 * i, 10.0, ["n00"]) for i in range(50)]
+    history.insert_events(evs)
+    r = q(history, "SELECT * FROM DB.job_runs")
+    runs = {row["job"]: row for row in (dict(zip(r.columns, x)) for x in r.rows)}
+    assert runs["c1"]["state"] == "time_limit" and runs["c1"]["run"] == "chain"
+    (run,) = view(history, "run_ettr")
+    assert (run["run"], run["jobs"], run["last_state"]) == ("chain", 2, "completed")
+    assert run["available_s"] == pytest.approx(1600.0) and run["productive_s"] == pytest.approx(1400.0)
+    assert run["gap_s"] == pytest.approx(500.0) and run["ettr"] == pytest.approx(1400 / 1600)
+    assert q(history, "SELECT count() FROM DB.incidents").rows[0][0] == 0  # leaving at the limit is no incident

@@ -8,14 +8,18 @@ the topics (they are recreated) and the messages delivered before the outage
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections import Counter
 
 import pytest
+from confluent_kafka import KafkaError
 
+import vigil.producers.publisher as publisher_mod
 from vigil.producers.publisher import Publisher
-from vigil.schemas import Heartbeat, Source, decode
+from vigil.producers.spool import Spool, SpoolRecord
+from vigil.schemas import Heartbeat, Source, decode, encode, message_key
 from vigil.schemas.envelope import utcnow
 from vigil.schemas.events import EventsDropped
 from vigil.streams.kafka import ensure_topics, reader
@@ -275,5 +279,104 @@ def test_agent_paced_publisher_leaves_spooling_after_a_broker_restart(own_broker
         # deduplicates by event id); here the failed chunk was refused, so nothing is.
         duplicated = {i: n for i, n in seen.items() if n > 1}
         assert not duplicated, f"{len(duplicated)} events twice or more"
+    finally:
+        pub.close(timeout_s=1)
+
+
+def test_a_producer_the_restarted_broker_keeps_refusing_is_recreated(own_broker, monkeypatch, tmp_path):
+    """The refusal path of ``tests/unit/test_publisher_replay.py`` (``fence_after_restart``) on the real broker.
+
+    tansu has no transactions and never answers PRODUCER_FENCED to librdkafka's
+    idempotent producer. What it does instead, measured here: after a restart
+    it does not know the producer id, librdkafka bumps the epoch (InitProducerId
+    with the old id: accepted), and every produce is refused again with
+    UNKNOWN_PRODUCER_ID, until ``message.timeout.ms`` fails the messages with a
+    non-fatal ``_MSG_TIMED_OUT`` while the broker answers metadata throughout.
+    librdkafka takes that non-fatal path only when the producer has no gap in
+    its sequence (nothing purged or lost); a publisher that spooled during the
+    outage has purged messages from librdkafka, so its replay gets the fatal
+    UNKNOWN_PRODUCER_ID instead (the test above). A clean producer meets a
+    restarted broker when an agent starts with a spool left by an earlier run
+    and the broker restarts before the first replay: that is this test.
+    """
+    conf = {"bootstrap.servers": own_broker.bootstrap}
+    prefix = f"spool-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, prefix)
+    topic = f"{prefix}.telemetry.heartbeats"
+    # A spool left by an earlier run: 12 heartbeats never delivered.
+    left = heartbeats(12, 0)
+    earlier = Spool(tmp_path / "spool")
+    for hb in left:
+        earlier.append(SpoolRecord(topic, message_key(hb), encode(hb), 1, "heartbeat"))
+    earlier.close()
+
+    real_producer = publisher_mod.Producer
+    producers: list = []
+    eos: dict[int, dict] = {}  # producer index -> its last idempotence statistics
+
+    def make(producer_conf):
+        i = len(producers)
+
+        def stats(raw: str, i: int = i) -> None:
+            eos[i] = json.loads(raw)["eos"]
+
+        p = real_producer({**producer_conf, "statistics.interval.ms": 100, "stats_cb": stats})
+        producers.append(p)
+        return p
+
+    recreated_on: list = []
+    recreate = Publisher._recreate
+
+    def spy(self) -> None:
+        recreated_on.append(self.last_error)
+        recreate(self)
+
+    monkeypatch.setattr(publisher_mod, "Producer", make)
+    monkeypatch.setattr(Publisher, "_recreate", spy)
+    # enable.sparse.connections off: the producer connects at once and gets its producer id from
+    # this broker before the restart (librdkafka otherwise connects only when it has something to send).
+    pub = Publisher({**conf, "enable.sparse.connections": False}, prefix, linger_ms=0, spool_dir=tmp_path / "spool",
+                    message_timeout_ms=1500, probe_interval_s=0.2, replay_chunk=5)
+    try:
+        assert pub.spooling and len(pub.spool) == 12
+        sent = [hb.event_id for hb in left]
+        pace = {"next": time.monotonic()}
+
+        def step() -> None:
+            """One turn of an agent's loop at its pace: publish() spools and serves callbacks, never probes."""
+            wait = pace["next"] - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)  # the agent's cadence, not a wait for a condition
+            pace["next"] = max(pace["next"] + 0.05, time.monotonic())
+            hb = heartbeats(1, len(sent))[0]
+            pub.publish([hb])
+            sent.append(hb.event_id)
+
+        assert wait_for(lambda: eos.get(0, {}).get("idemp_state") == "Assigned", 10, step), eos
+        first_id = eos[0]["producer_id"]
+        assert eos[0]["producer_epoch"] == 0 and pub.stats.replayed == 0 and len(pub.spool) == len(sent)
+
+        # The broker restarts (empty: tansu is in-memory) before the first replay.
+        own_broker.stop()
+        own_broker.start(monkeypatch)
+        ensure_topics(conf, prefix)
+        assert wait_for(lambda: not pub.spooling and pub.spool.empty, 30, lambda: pub.poll(0.05)), (
+            f"still spooling: {pub.stats}, last error {pub.last_error}, recreated on {recreated_on}")
+
+        # The old producer's replay was refused without a fatal error, and it was recreated.
+        assert len(producers) == 2, recreated_on
+        [err] = recreated_on
+        assert err.code() == KafkaError._MSG_TIMED_OUT and not err.fatal(), err
+        assert eos[0]["producer_id"] == first_id and eos[0]["producer_epoch"] > 0  # bumped, and still refused
+        assert all(e is not None and e.code() != KafkaError.PRODUCER_FENCED for e in recreated_on)
+        assert pub.flush(10) == 0
+
+        # Every spooled event is on the restarted broker, exactly once (refused sends wrote nothing).
+        down = Downstream(conf, [topic])
+        assert wait_for(lambda: set(sent) <= set(down.ids), 20, down.read), \
+            f"missing {len(set(sent) - set(down.ids))} of {len(sent)}"
+        down.read()
+        down.close()
+        assert sum(down.ids.values()) == len(sent) and set(down.ids) == set(sent)
     finally:
         pub.close(timeout_s=1)

@@ -8,7 +8,7 @@ ground truth is known:
 
 1. a rank is SIGKILLed -> a sev2 process-exit incident -> restart_process ->
    every rank relaunched, resuming from the last checkpoint, steps rising;
-2. the same restart decision delivered again -> not executed twice;
+2. the same restart decision published again (a replay) -> refused, not executed twice;
 3. a rank sleeps forever inside a step -> task_hang -> restart;
 4. every launch exits at once -> restarts keep failing -> the no-progress
    guard stops restarting, the failed action escalates to reconfiguration
@@ -28,7 +28,7 @@ from vigil.producers.publisher import Publisher
 from vigil.schemas import ActionResult, Alert, Decision, decode
 from vigil.streams.kafka import reader
 from tests.integration.conftest import WorkerProcess, wait_for
-from vigil.bench.hooks import _free_port
+from vigil.bench.hooks_workload import _free_port
 
 pytest.importorskip("torch")
 
@@ -122,7 +122,7 @@ def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, 
         assert wait_for(lambda: any(a.incident_id == crash.incident_id and a.status == "resolved" for a in alerts),
                         30, poll)
 
-        # 2. the same decision again: the ledger answers with the recorded result, nothing restarts
+        # 2. the same decision published again (a replay): refused with the reason, nothing restarts
         def answered() -> int:
             return sum(r.decision_id == restart.decision_id and r.state == "succeeded" for r in results)
 
@@ -130,7 +130,9 @@ def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, 
         publisher = Publisher(config.kafka_conf(), config.topic_prefix)
         publisher.publish([restart])
         publisher.flush()
-        assert wait_for(lambda: answered() == 2, 30, poll), results
+        assert wait_for(lambda: any(r.state == "failed" and "replayed" in r.detail
+                                    and str(restart.decision_id) in r.detail for r in results), 30, poll), results
+        assert answered() == 1
         assert [rc for _, rc in progress(ckpt).values()] == [1, 1, 1, 1]
         assert len(resumed(ckpt)) == 2
 

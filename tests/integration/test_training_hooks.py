@@ -26,7 +26,7 @@ from vigil.producers.training import NodeBatcher
 from vigil.schemas import CollectiveCall, IterationTiming, decode
 from vigil.streams.kafka import reader
 from tests.integration.conftest import wait_for
-from vigil.bench.hooks import run_workload
+from vigil.bench.hooks_workload import run_workload
 
 PHASE = 24  # steps per phase
 WARM = 4  # steps skipped at the start of each phase

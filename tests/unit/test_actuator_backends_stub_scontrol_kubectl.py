@@ -23,8 +23,11 @@ from vigil.actuators.inventory import Inventory
 from vigil.actuators.ledger import Ledger
 from vigil.actuators.state import ActionState
 from vigil.schemas import Decision, Subject, to_seconds
+from vigil.schemas.signing import Keyring
 
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.utc)
+#: The decision engine's key in these tests: every decision below is signed with it.
+KEYRING = Keyring({"test": b"unit-test-decision-key-0123456789"}, signing_key="test")
 
 STUB = """#!/bin/sh
 # STUB {name} for tests: records its argv, then behaves as $STUB_MODE says.
@@ -64,8 +67,9 @@ def stubs(tmp_path, monkeypatch):
 def decision(action: str, *, job: str | None = "1234", node: str | None = None, plan: dict | None = None,
              reason: str = "xid 79: fell off the bus") -> Decision:
     did = uuid.uuid4()
-    return Decision(event_time=T0, decision_id=did, idempotency_key=str(did), action=action,
-                    target=Subject(job=job, node=node), reason=reason, plan=plan or {})
+    # (model_construct: the backends must refuse a bad name even in a model built without validation)
+    return KEYRING.sign(Decision(event_time=T0, decision_id=did, idempotency_key=str(did), action=action,
+                                 target=Subject.model_construct(job=job, node=node), reason=reason, plan=plan or {}))
 
 
 # -- Slurm ----------------------------------------------------------------------------------------------
@@ -158,7 +162,8 @@ def test_a_node_name_with_shell_metacharacters_is_refused_before_any_command(stu
     with Ledger(tmp_path / "l.sqlite", now=0.0) as ledger:
         inv = Inventory(["gpu-07"], ["1234"])
         inv._static_nodes.add(node)  # a poisoned inventory does not get past the name check
-        (result,) = Executor(SlurmBackend(), ledger, inv).handle(decision("isolate_node", job=None, node=node), T0)
+        (result, _alert) = Executor(SlurmBackend(), ledger, inv, keyring=KEYRING).handle(
+            decision("isolate_node", job=None, node=node), T0)
     assert result.state == "failed" and "malformed plan: target.node" in result.detail
     assert stubs() == []
 
@@ -171,14 +176,14 @@ def test_slurm_dry_run_runs_nothing(stubs):
 
 def test_executor_with_stub_slurm_reports_running_then_final(stubs, monkeypatch, tmp_path):
     with Ledger(tmp_path / "l.sqlite", now=to_seconds(T0)) as ledger:
-        ex = Executor(SlurmBackend(timeout_s=1.0), ledger, Inventory(["gpu-07"], ["1234"]))
+        ex = Executor(SlurmBackend(timeout_s=1.0), ledger, Inventory(["gpu-07"], ["1234"]), keyring=KEYRING)
         out = ex.handle(decision("isolate_node", job=None, node="gpu-07"), T0)
         assert [(r.state, r.backend) for r in out] == [("running", "slurm"), ("succeeded", "slurm")]
         monkeypatch.setenv("STUB_MODE", "hang")
         out = ex.handle(decision("restart_process"), T0)
         assert [r.state for r in out] == ["running", "timed_out"]
         d = decision("restart_process")
-        ex_dry = Executor(SlurmBackend(), ledger, Inventory(["gpu-07"], ["1234"]), dry_run=True)
+        ex_dry = Executor(SlurmBackend(), ledger, Inventory(["gpu-07"], ["1234"]), dry_run=True, keyring=KEYRING)
         out = ex_dry.handle(d, T0)
         assert [(r.state, r.backend) for r in out] == [("running", "dry-run:slurm"), ("succeeded", "dry-run:slurm")]
         assert ledger.get(d.decision_id).commands == [["scontrol", "requeue", "1234"]]

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import errno
+import json
 import os
+import shutil
+import tempfile
+import traceback
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -87,16 +94,88 @@ def test_rotated_file_is_read_from_its_start(tmp_path):
     assert [e.code for e in col.collect(T0)] == [79]
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
-def test_permission_error_is_reported_once_not_fatal(tmp_path):
-    log = tmp_path / "kmsg"
-    log.write_text("")
-    log.chmod(0)
-    col = KmsgCollector(1, SRC, log)
-    agent = Agent([col], publisher=None, source=SRC)
-    first = agent.run_once(col, T0)
-    assert [e.status for e in first if isinstance(e, AgentHealth)] == ["failed"]
-    assert agent.run_once(col, T0) == []
+NOBODY = 65534  # the conventional unprivileged uid and gid; need not be in /etc/passwd
+
+
+def _unprivileged(fn: Callable[[], Any]) -> Any:
+    """``fn()`` in a forked child that, when this process is root, first drops to uid and gid 65534.
+
+    CI runs the suite as root, and root reads any file. A fork rather than a new
+    interpreter (``setpriv``, ``runuser`` or ``setuid`` in a ``preexec_fn``):
+    the interpreter may live where 65534 cannot read it (here under a 0700
+    ``/root``), while the forked child has every module it needs loaded
+    already. Dropping every uid from 0 clears the capabilities
+    (CAP_DAC_OVERRIDE included). Skips, saying why, only when the drop fails.
+    """
+    if not hasattr(os, "fork"):
+        pytest.skip("no os.fork on this platform: cannot run a child with dropped privileges")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        try:
+            os.close(r)
+            try:
+                if os.geteuid() == 0:
+                    os.setgroups([])
+                    os.setgid(NOBODY)
+                    os.setuid(NOBODY)
+            except OSError as exc:
+                out: dict[str, Any] = {"cannot_drop": f"{type(exc).__name__}: {exc}"}
+            else:
+                try:
+                    out = {"result": fn()}
+                except BaseException:
+                    out = {"error": traceback.format_exc()}
+            with os.fdopen(w, "wb") as pipe:
+                pipe.write(json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        raw = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0 and raw, f"the unprivileged child died (status {status})"
+    out = json.loads(raw)
+    if "cannot_drop" in out:
+        pytest.skip(f"running as root and cannot drop to uid {NOBODY} ({out['cannot_drop']}): "
+                    "root reads any file, so no permission error can be provoked")
+    assert "error" not in out, out.get("error")
+    return out["result"]
+
+
+def test_permission_error_is_reported_once_not_fatal():
+    # A directory anyone may enter (pytest's tmp_path sits under a 0700 directory of root's) holding a
+    # file no one but root may read: the collector is denied by the file's mode, not by the path to it.
+    where = Path(tempfile.mkdtemp(prefix="vigil-kmsg-"))
+    try:
+        where.chmod(0o755)
+        log = where / "kmsg"
+        log.write_text(DMESG[0] + "\n")
+        log.chmod(0)
+
+        def as_unprivileged() -> dict[str, Any]:
+            try:
+                open(log, "rb").close()
+                denied = None
+            except PermissionError as exc:
+                denied = exc.errno
+            col = KmsgCollector(1, SRC, log, from_start=True)
+            agent = Agent([col], publisher=None, source=SRC)
+            first = agent.run_once(col, T0)
+            second = agent.run_once(col, T0)
+            return {"euid": os.geteuid(), "denied": denied, "stat_ok": log.stat().st_mode & 0o777 == 0,
+                    "first": [[type(e).__name__, getattr(e, "status", None), getattr(e, "detail", None)] for e in first],
+                    "second": len(second)}
+
+        got = _unprivileged(as_unprivileged)
+    finally:
+        shutil.rmtree(where)
+    assert got["euid"] != 0
+    assert got["stat_ok"] and got["denied"] == errno.EACCES  # ground truth: the file's mode refuses this user
+    [(kind, status, detail)] = got["first"]
+    assert (kind, status) == ("AgentHealth", "failed")
+    assert detail.startswith("kmsg") and f"no permission to read {log}" in detail, detail
+    assert got["second"] == 0  # reported once; the agent goes on
 
 
 def test_missing_device_is_reported_once(tmp_path):

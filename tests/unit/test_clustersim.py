@@ -349,3 +349,8 @@ def test_bench_policies_writes_json_markdown_and_plot(tmp_path):
     assert "reference" in result["targets"]["failslow_mitigated_pct"]  # the clairvoyant run is no bound
     assert "bound" not in result["targets"]["failslow_mitigated_pct"]
     assert "### Seeds 0-1" in path.with_suffix(".md").read_text()
+    command = f"vigil bench policies --json {path} --trace trace-b --gpus 128 --seed 1 --no-scale --sweep-seeds 2"
+    assert on_disk["command"] == command
+    assert f"Reproduce: `{command}`" in path.with_suffix(".md").read_text().splitlines()
+    machine = on_disk["detail"]["machine"]
+    assert machine["cpus"] and all(len(machine[k]) == 3 for k in ("load_before", "load_after"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+import pydantic
 import pytest
 
 from vigil.detectors.base import DetectorError
@@ -84,6 +85,10 @@ def test_event_path_refuses_what_the_general_path_refuses():
     older = GpuTelemetry(event_time=from_seconds(10.0), source=Source(node="n1", gpu=0), sm_clock_mhz=1900.0)
     with pytest.raises(DetectorError, match="older"):
         det.observe_batch([older], t=10.0)
-    negative = GpuTelemetry(event_time=from_seconds(30.0), source=Source(node="n1", gpu=1), nvlink_errors={"crc": -3})
+    # The schema refuses a negative counter now (U64); one built past validation is still refused here.
+    with pytest.raises(pydantic.ValidationError, match="greater than or equal to 0"):
+        GpuTelemetry(event_time=from_seconds(30.0), source=Source(node="n1", gpu=1), nvlink_errors={"crc": -3})
+    negative = GpuTelemetry(event_time=from_seconds(30.0), source=Source(node="n1", gpu=1)).model_copy(
+        update={"nvlink_errors": {"crc": -3}})
     with pytest.raises(DetectorError, match="nvlink_errors must be a non-negative int"):
         det.observe_batch([negative], t=30.0)

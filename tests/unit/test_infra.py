@@ -45,16 +45,36 @@ def test_docker_compose_config_accepts_the_compose_file(tmp_path):
     assert out.returncode == 0, out.stderr
     config = json.loads(out.stdout)
     services = config["services"]
-    assert set(services) == {"kafka", "clickhouse", "vigil-history", "vigil-worker", "vigil-actuator", "grafana"}
+    assert set(services) == {"kafka", "kafka-acls", "clickhouse", "vigil-history", "vigil-worker", "vigil-actuator",
+                             "grafana", "prometheus"}
     kafka = services["kafka"]["environment"]
     assert kafka["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    # Least privilege: every listener authenticates, an authorizer denies what no ACL allows.
+    assert set(kafka["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].replace(",", ":").split(":")[1::2]) == {"SASL_PLAINTEXT"}
+    assert kafka["KAFKA_AUTHORIZER_CLASS_NAME"].endswith("StandardAuthorizer")
+    assert kafka["KAFKA_ALLOW_EVERYONE_IF_NO_ACL_FOUND"] == "false"
+    acls = services["kafka-acls"]["command"][0]
+    for role in ("agent", "worker", "actuator", "history"):
+        assert f"User:{role}" in acls and f'user_{role}="' in kafka["KAFKA_LISTENER_NAME_INTERNAL_PLAIN_SASL_JAAS_CONFIG"]
+    # agents write telemetry (and, with --actuate, actions); only workers write decisions
+    assert '--topic "$$T.telemetry." --resource-pattern-type prefixed' in acls
+    decision_writers = [line for line in acls.splitlines() if "Write" in line and "decisions" in line]
+    assert decision_writers and all("User:worker" in line for line in decision_writers)
     for name in ("vigil-history", "vigil-worker", "vigil-actuator"):
         env = services[name]["environment"]
         assert env["VIGIL_KAFKA_BOOTSTRAP"] == "kafka:9092"
+        assert env["VIGIL_KAFKA_SECURITY_PROTOCOL"] == "SASL_PLAINTEXT" and env["VIGIL_KAFKA_SASL_USERNAME"]
         assert env["VIGIL_CLICKHOUSE_DSN"].startswith("http://") and env["VIGIL_CLICKHOUSE_DSN"].endswith("@clickhouse:8123")
+        # /metrics on the compose network, where the prometheus service scrapes it
+        assert (env["VIGIL_METRICS_HOST"], env["VIGIL_METRICS_PORT"]) == ("0.0.0.0", "9464")
     assert services["vigil-worker"]["deploy"]["replicas"] == 2
     assert services["grafana"]["environment"]["GF_INSTALL_PLUGINS"] == "grafana-clickhouse-datasource"
     assert any(v["target"] == "/etc/grafana/provisioning" for v in services["grafana"]["volumes"])
+    scrape = yaml.safe_load((INFRA / "prometheus/prometheus.yml").read_text())["scrape_configs"][0]
+    [sd] = scrape["dns_sd_configs"]
+    assert set(sd["names"]) == {"vigil-history", "vigil-worker", "vigil-actuator"} and sd["port"] == 9464
+    assert any(v["target"] == "/etc/prometheus/prometheus.yml"
+               and v["source"].endswith("infra/prometheus/prometheus.yml") for v in services["prometheus"]["volumes"])
 
 
 def test_docker_compose_config_rejects_a_broken_file(tmp_path):
@@ -68,13 +88,52 @@ def test_docker_compose_config_rejects_a_broken_file(tmp_path):
 
 def test_grafana_provisions_the_clickhouse_datasource_the_dashboard_uses():
     ds = yaml.safe_load((INFRA / "grafana/provisioning/datasources/clickhouse.yaml").read_text())["datasources"][0]
+    prometheus = yaml.safe_load((INFRA / "grafana/provisioning/datasources/prometheus.yaml").read_text())
+    [prom] = prometheus["datasources"]
+    assert prom["type"] == "prometheus" and prom["url"] == "http://prometheus:9090" and not prom["isDefault"]
     assert ds["type"] == "grafana-clickhouse-datasource" and ds["jsonData"]["defaultDatabase"] == "vigil"
     provider = yaml.safe_load((INFRA / "grafana/provisioning/dashboards/vigil.yaml").read_text())["providers"][0]
     assert provider["options"]["path"] == "/var/lib/grafana/dashboards"
     dashboard = json.loads((INFRA / "grafana/dashboards/vigil.json").read_text())
-    titles = " ".join(p["title"] for p in dashboard["panels"]).lower()
+    history = [p for p in dashboard["panels"] if p.get("datasource", {}).get("type") == ds["type"]]
+    titles = " ".join(p["title"] for p in history).lower()
     for topic in ("incidents", "ettr", "mttf", "lemon", "fail-slow"):
         assert topic in titles, topic
-    for panel in dashboard["panels"]:
+    for panel in history:
         assert panel["datasource"]["uid"] == ds["uid"]
         assert panel["targets"][0]["rawSql"].strip()
+
+
+def test_grafana_has_a_vigil_health_row_on_a_prometheus_datasource_variable_with_the_metrics_vigil_serves():
+    """The row's panels query a Prometheus picked by a datasource variable, and every metric their PromQL
+    names is one vigil defines (vigil.streams.metrics.METRIC_NAMES), so a renamed metric fails here."""
+    import re
+
+    from vigil.streams.metrics import METRIC_NAMES
+
+    dashboard = json.loads((INFRA / "grafana/dashboards/vigil.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["prometheus"]["type"] == "datasource" and variables["prometheus"]["query"] == "prometheus"
+    panels = dashboard["panels"]
+    [row] = [i for i, p in enumerate(panels) if p["type"] == "row"]
+    assert panels[row]["title"] == "vigil's own health"
+    health = panels[row + 1:]
+    assert health and all(p["gridPos"]["y"] > panels[row]["gridPos"]["y"] for p in health)
+    assert all(p["gridPos"]["y"] + p["gridPos"]["h"] <= panels[row]["gridPos"]["y"] for p in panels[:row])
+    assert len({p["id"] for p in panels}) == len(panels)
+    used: set[str] = set()
+    for panel in health:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${prometheus}"}, panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == panel["datasource"] and target["expr"].strip()
+            for name in re.findall(r"\b(vigil_[a-z_]+)", target["expr"]):
+                base = re.sub(r"_(bucket|count|sum)$", "", name)
+                assert base in METRIC_NAMES, (panel["title"], name)
+                used.add(base)
+    # what issue 21 asks the row to show
+    for wanted in ("vigil_events_consumed_total", "vigil_consumer_lag_messages", "vigil_dead_letters_total",
+                   "vigil_decode_errors_total", "vigil_detector_update_seconds", "vigil_alerts_total",
+                   "vigil_open_incidents", "vigil_decisions_total", "vigil_actions_total",
+                   "vigil_sink_rows_inserted_total", "vigil_sink_retries_total", "vigil_publisher_spool_bytes",
+                   "vigil_publisher_failures_total"):
+        assert wanted in used, wanted

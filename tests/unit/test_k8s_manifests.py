@@ -217,3 +217,38 @@ def test_render_refuses_values_that_would_break_the_yaml():
         render_mod.render(image='x"\ny: 1', kafka_bootstrap="k:9092", env={})
     with pytest.raises(render_mod.RenderError, match="--namespace"):
         render_mod.render(image="x", kafka_bootstrap="k:9092", namespace="Bad_NS", env={})
+
+
+@pytest.mark.parametrize("port", [9464, 9500])
+def test_every_vigil_pod_serves_metrics_on_the_port_its_service_and_the_servicemonitor_name(port):
+    """The ConfigMap tells every vigil process the port and an address Prometheus can reach; every pod names
+    that port `metrics`; a metrics Service selects each of them on it; the ServiceMonitor scrapes `metrics`;
+    and each container runs a vigil command that serves /metrics (it takes --metrics-port)."""
+    from vigil.cli import app
+    from vigil.settings import Settings
+
+    docs = rendered(metrics_port=port, agent_kmsg=False)
+    config = by(docs, "ConfigMap")["vigil-config"]["data"]
+    assert config["VIGIL_METRICS_PORT"] == str(port) and config["VIGIL_METRICS_HOST"] == "0.0.0.0"
+    settings = Settings(**{k.removeprefix("VIGIL_").lower(): v for k, v in config.items()
+                           if k.startswith("VIGIL_METRICS_")})
+    services = [s for s in by(docs, "Service").values() if s["metadata"]["labels"].get("vigil.io/metrics") == "true"]
+    workloads = list(by(docs, "Deployment").values()) + list(by(docs, "DaemonSet").values())
+    runner = CliRunner()
+    for w in workloads:
+        container = _container(w)
+        assert {"configMapRef": {"name": "vigil-config"}} in container["envFrom"]
+        assert [p["containerPort"] for p in container["ports"] if p["name"] == "metrics"] == [port]
+        labels = w["spec"]["template"]["metadata"]["labels"]
+        [svc] = [s for s in services if s["spec"]["selector"].items() <= labels.items()]
+        assert svc["spec"]["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics"}]
+        words = shlex.split(" ".join(container["command"]))
+        sub = words[max(i for i, word in enumerate(words) if word == "vigil") + 1]  # the long-running one (last)
+        assert "--metrics-port" in runner.invoke(app, [sub, "--help"], terminal_width=200).output, sub
+        component = {"up": "history", "actuate": "actuator"}.get(sub, sub)
+        assert settings.metrics_address(component) == ("0.0.0.0", port)
+    assert len(services) == len(workloads)
+    monitor = by(docs, "ServiceMonitor")["vigil"]
+    assert monitor["spec"]["selector"]["matchLabels"]["vigil.io/metrics"] == "true"
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert all(e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])

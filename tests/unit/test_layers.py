@@ -26,6 +26,8 @@ def test_the_layers_hold() -> None:
     ("vigil.schemas._bad", "import vigil.streams.kafka\n", "schemas"),
     ("vigil.detectors._bad", "from vigil.producers.publisher import Publisher\n", "producers and actuators"),
     ("vigil.streams.engine._bad", "import confluent_kafka\n", "The engine is pure"),
+    ("vigil.detectors._bad", "import prometheus_client\n", "detectors: pure"),
+    ("vigil.streams.engine._bad", "from vigil.streams.metrics import DetectorTimer\n", "The engine is pure"),
     ("vigil.producers._bad", "from vigil.settings import Settings\n", "Nothing below the top"),
 ])
 def test_a_forbidden_import_breaks_a_contract(tmp_path: Path, module: str, source: str, contract: str) -> None:

@@ -431,4 +431,8 @@ def test_bench_planners_tiny(tmp_path):
     for key in ("microbatch", "waf", "waf_gpu_units", "placement", "placement_quality", "machine"):
         assert key in d
     assert d["machine"]["cpus"] and d["machine"]["python"]
+    assert all(len(d["machine"][k]) == 3 for k in ("load_before", "load_after"))  # 1, 5, 15 min
+    # smaller instances than `vigil bench planners` can ask for: the command is the Python call
+    assert written["command"].startswith("python -c 'from vigil.bench.planners import run; run(")
+    assert "microbatch_headline=16" in written["command"]
     assert len(format_table(result)) == 4

@@ -5,7 +5,10 @@ clock the test advances: a message is confirmed (its delivery callback runs in
 ``poll``) a round trip after it was produced, never in the ``poll(0)`` that
 follows its ``produce`` at once; while the broker is down it fails after the
 message timeout. A broker restart forgets the idempotent producer's id: the
-old producer's next send fails with the fatal UNKNOWN_PRODUCER_ID.
+old producer's next send fails with the fatal UNKNOWN_PRODUCER_ID, or (when
+the broker is told to) is refused for good without a fatal error. Both paths
+are checked against the real broker (tansu) in
+``tests/integration/test_publisher_spool.py``.
 """
 
 from __future__ import annotations
@@ -40,8 +43,11 @@ class FakeBroker:
         self.up = True
         self.generation = 1
         self.written: list[bytes] = []
-        #: a producer that has once been refused is refused for good (tansu fences bumped epochs)
-        self.fence_after_restart = False
+        #: None, or how the restarted broker refuses a producer it does not know, non-fatally and for good:
+        #: PRODUCER_FENCED at once (a Kafka broker fencing the epoch), or _MSG_TIMED_OUT when the message
+        #: times out (tansu: it accepts librdkafka's epoch bump, then answers every send UNKNOWN_PRODUCER_ID,
+        #: which librdkafka retries until the timeout; measured in the integration test named above)
+        self.refuse_after_restart: int | None = None
 
     def restart(self) -> None:
         self.up = True
@@ -54,7 +60,7 @@ class FakeProducer:
         self.queue: list[list] = []  # [due, value, callback, error or None]
         self.generation: int | None = None  # the producer id's broker generation
         self.fatal = False
-        self.fenced = False
+        self.refused: int | None = None  # the code it is refused with, once refused
         self.raise_next: KafkaError | None = None
 
     def __len__(self) -> int:
@@ -75,16 +81,15 @@ class FakeProducer:
                 if now >= due - ROUND_TRIP_S + MESSAGE_TIMEOUT_S:
                     item[3] = KafkaError(KafkaError._MSG_TIMED_OUT)
                 continue
-            if self.fenced:
-                item[3] = KafkaError(KafkaError.PRODUCER_FENCED)
-                continue
             if self.generation is None:
                 self.generation = self.broker.generation
+            if self.refused is None and self.generation != self.broker.generation:
+                self.refused = self.broker.refuse_after_restart
+            if self.refused is not None:
+                if self.refused != KafkaError._MSG_TIMED_OUT or now >= due - ROUND_TRIP_S + MESSAGE_TIMEOUT_S:
+                    item[3] = KafkaError(self.refused)
+                continue
             if self.generation != self.broker.generation:
-                if self.broker.fence_after_restart:
-                    self.fenced = True
-                    item[3] = KafkaError(KafkaError.PRODUCER_FENCED)
-                    continue
                 self.fatal = True
                 self.raise_next = KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, "unable to retry without risking "
                                              "duplication/reordering", fatal=True)
@@ -185,9 +190,11 @@ def test_an_agent_paced_publisher_goes_online_after_a_restart_that_forgot_its_pr
     _settled(rig)
 
 
-def test_a_producer_the_broker_keeps_refusing_is_recreated(rig):
+@pytest.mark.parametrize("refusal", [KafkaError.PRODUCER_FENCED, KafkaError._MSG_TIMED_OUT],
+                         ids=["fenced", "timed-out"])
+def test_a_producer_the_broker_keeps_refusing_is_recreated(rig, refusal):
     """Not fatal, and the broker answers metadata, yet every replay fails: a fresh producer is used."""
-    rig.broker.fence_after_restart = True
+    rig.broker.refuse_after_restart = refusal
     _through_a_restart(rig)
-    assert len(rig.producers) == 2 and rig.producers[0].fenced
+    assert len(rig.producers) == 2 and rig.producers[0].refused == refusal
     _settled(rig)

@@ -7,6 +7,7 @@ import uuid
 from datetime import datetime, timezone
 
 import pytest
+from pydantic import ValidationError
 from hypothesis import given, settings, strategies as st
 
 from vigil.schemas import (
@@ -81,8 +82,11 @@ def test_encode_batch_decodes_to_the_same_events():
 
 
 def test_events_are_frozen():
-    with pytest.raises(Exception):
-        hb().seq = 3  # type: ignore[misc]
+    event = hb()
+    with pytest.raises(ValidationError, match="frozen") as frozen:
+        event.seq = 3  # type: ignore[misc]
+    assert [(e["type"], e["loc"]) for e in frozen.value.errors()] == [("frozen_instance", ("seq",))]
+    assert event.seq == 0
 
 
 @settings(max_examples=200, deadline=None)

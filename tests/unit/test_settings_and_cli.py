@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from vigil.broker import StackError, TansuBroker, find_tansu
@@ -21,8 +22,10 @@ def test_settings_read_the_vigil_prefix(monkeypatch, tmp_path):
     assert s.resolved_clickhouse_dsn == f"chdb://{tmp_path}/history"
     assert "s3cret" not in repr(s)
     assert s.kafka_security() == {"security.protocol": "SASL_SSL", "sasl.password": "s3cret", "client.rack": "r1"}
-    with pytest.raises(Exception):
-        s.topic_prefix = "x"  # frozen
+    with pytest.raises(ValidationError, match="frozen") as frozen:
+        s.topic_prefix = "x"  # type: ignore[misc]
+    assert [(e["type"], e["loc"]) for e in frozen.value.errors()] == [("frozen_instance", ("topic_prefix",))]
+    assert s.topic_prefix == Settings().topic_prefix  # unchanged
 
 
 def test_server_dsn_is_used_as_given(monkeypatch):

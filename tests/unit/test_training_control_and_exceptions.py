@@ -74,6 +74,13 @@ def test_uncaught_exceptions_in_main_and_other_threads_are_published_before_exit
     assert all(e.source.rank == 2 and "Traceback" in e.traceback for e in exc)
 
 
+def _queued(ch, timeout_s: float = 5.0) -> None:
+    """A command is confirmed on receipt and queued a moment later: wait for the queue."""
+    deadline = time.monotonic() + timeout_s
+    while ch._queue.empty() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def test_control_channel_checkpoint_and_save_and_exit(tmp_path):
     saved: list[int] = []
     mon = TrainingMonitor(CallbackSink(lambda ev: None), job="job/1", rank=0)
@@ -83,10 +90,12 @@ def test_control_channel_checkpoint_and_save_and_exit(tmp_path):
             pass
         assert not s.commands
         assert send_command(ch.path, "checkpoint")["ok"]
+        _queued(ch)
         with mon.step(1) as s:
             pass
         assert s.checkpoint_requested and not s.exit_requested and saved == [1]
         send_command(ch.path, Command.save_and_exit)
+        _queued(ch)
         with mon.step(2) as s:
             pass
         assert s.exit_requested and mon.exit_requested and saved == [1, 2]
@@ -144,5 +153,55 @@ def test_failed_step_without_a_retry_command_raises(tmp_path):
         with pytest.raises(ZeroDivisionError):
             with mon.step(0):
                 1 / 0
+    finally:
+        mon.close()
+
+
+class _StubDist:
+    """Stands in for torch.distributed (no second process here): world of 2, the peer's flag given.
+
+    Follows all_reduce(MAX)'s documented result: every rank ends with the largest value.
+    """
+
+    class ReduceOp:
+        MAX = "max"
+
+    def __init__(self, peer_flag: int) -> None:
+        self.peer_flag = peer_flag
+        self.calls = 0
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def get_backend(self) -> str:
+        return "gloo"
+
+    def all_reduce(self, tensor, op=None) -> None:
+        assert op == self.ReduceOp.MAX
+        self.calls += 1
+        tensor.fill_(max(int(tensor.item()), self.peer_flag))
+
+
+@pytest.mark.parametrize("asked_here", [True, False])
+def test_save_and_exit_is_agreed_by_every_rank_stub_dist(tmp_path, asked_here):
+    pytest.importorskip("torch")
+    saved: list[int] = []
+    mon = TrainingMonitor(CallbackSink(lambda ev: None), job="j", rank=0)
+    mon._dist = _StubDist(peer_flag=0 if asked_here else 1)  # the peer was asked, or this rank was
+    ch = mon.start_control(tmp_path / "ctl.sock", on_checkpoint=saved.append, agree_every=2)
+    try:
+        if asked_here:
+            send_command(ch.path, "save_and_exit")
+            _queued(ch)
+        with mon.step(3) as s:  # not an agreement step: the ranks go on together
+            pass
+        assert not s.exit_requested and saved == []
+        with mon.step(4) as s:  # they agree: every rank saves this step and leaves
+            pass
+        assert s.exit_requested and s.checkpoint_requested and saved == [4]
+        assert mon._dist.calls == 1
     finally:
         mon.close()

@@ -1,17 +1,32 @@
-"""Labelled benchmark of the change-point detectors on generated iteration-time traces.
+"""Labelled benchmark of the change-point detectors: fail-slow traces, out-of-family cases, general series.
 
-``run(json_path)`` generates ``n_traces`` traces with :mod:`vigil.sim.traces`
-(half clean, half with one or two injected fail-slows), feeds every trace,
-value by value with its timestamps, to a fresh instance (default parameters)
-of each detector in :data:`DETECTORS`, and scores the ``"fail_slow"`` change
-points each one reports. ``"recovery"`` change points (the level went down)
-are not alarms; they are scored separately for the recovery recall.
+``run(json_path)`` scores, on **evaluation seeds disjoint from the tuning
+seeds** (both named in the JSON):
 
-Scoring
--------
+1. the fail-slow detectors and the baselines on ``n_traces`` generated
+   iteration-time traces per evaluation seed (:mod:`vigil.sim.traces`: half
+   clean, half with one or two injected fail-slows), fed value by value with
+   their timestamps to a fresh instance (default parameters) of each
+   detector in :data:`DETECTORS`;
+2. the same detectors on out-of-family cases (:mod:`vigil.sim.failslow_cases`:
+   ramps, flapping slowdowns, benign shifts after a known event, restarts
+   that change the level, periodic checkpoint/eval blocks, long warm-ups);
+3. the ``general`` section (:mod:`vigil.bench.changepoints`): the streaming
+   change-point detector against ruptures' Binseg and PELT, "zero" and a
+   plain BOCPD on ten families of series with simulated annotators.
+
+Tuning: ``bocd_verify``'s ``min_after`` and ``z_min`` and
+``residual_cusum_verify``'s and ``residual_cusum``'s defaults were chosen on
+seed 0 (the tuning seed) only. The baselines (``bocd``, ``sliding_window``,
+``adwin``, ``page_hinkley``) run with their defaults and are named
+``(untuned)``.
+
+Fail-slow scoring
+-----------------
 Indices are iteration numbers (0-based). A fail-slow episode ``e`` has a true
-onset ``o_e`` (first slowed iteration) and a recovery ``r_e`` (first normal
-iteration; the end of the trace when it outlasts it).
+onset ``o_e`` (first slowed iteration; for a ramp, the first iteration of the
+ramp) and a recovery ``r_e`` (first normal iteration; the end of the trace
+when it outlasts it).
 
 - **Alarm**: a change point of kind ``"fail_slow"``, with its detection index
   ``d`` (the update at which it was reported) and its reported onset ``o``.
@@ -19,38 +34,36 @@ iteration; the end of the trace when it outlasts it).
   ``|o - o_e| <= ONSET_TOLERANCE`` (20 iterations) and ``o_e <= d < r_e``
   (reported while the episode lasts). Alarms are taken in order of
   detection; each is matched to the nearest-onset episode not yet detected.
-  The first match of an episode is its detection.
+- **Recovery alarms**: a change point of kind ``"recovery"`` matches the
+  recovery of an episode when ``|o - r_e| <= ONSET_TOLERANCE`` and
+  ``d >= r_e``, each recovery at most once. A recovery alarm that matches no
+  recovery (a warm-up ending, a benign speed-up) is a **false positive**.
 - **False positive**: an alarm that matches no undetected episode (including
   a second alarm for an episode already detected, and any alarm on a clean
-  trace).
-- **Required episodes**: those whose effective step (relative increase of the
-  expected iteration time at the onset, ``InjectedFailSlow.step``) is at least
-  ``REQUIRED_STEP`` (10 %) and that last at least ``REQUIRED_ITERS`` (10)
-  iterations inside the trace. Smaller or shorter ones (5 % slowdowns, a
-  slow GPU hidden behind a slower one, a 20 s blip on a 4 s step) may be
-  detected (that is a true positive, never a false one) but need not be:
-  Falcon's verification counts 10 % and more.
-- **IterationTrace accuracy**: a clean trace is correct when it raises no alarm; a
-  faulty trace when every required episode is detected and there is no false
-  positive. ``accuracy`` is the fraction of correct traces;
-  ``accuracy_clean``, ``accuracy_computation``, ``accuracy_communication``
-  split it by the cause of the trace's first episode.
-- ``fpr``: fraction of clean traces with at least one alarm;
-  ``false_alarms_per_10k``: false positives per 10,000 iterations, all traces.
-- ``fnr``: missed episodes / all episodes (any size); ``fnr_ge10``: missed
-  required episodes / required episodes.
-- ``delay_median``, ``delay_p95``: ``d - o_e`` of detected required episodes
-  (iterations); ``delay_median_ge20``: the same for steps of 20 % and more.
-- ``onset_error_median``: median ``|o - o_e|`` of detected episodes.
-- ``recovery_recall``: of the detected episodes that recover inside the trace
-  with a recovery step of 10 % or more, the fraction for which a
-  ``"recovery"`` change point with onset within the tolerance of ``r_e`` is
-  reported before the end of the trace.
-- ``updates_per_s``: updates divided by the wall time of the update loop
-  (the detector's own work plus a Python loop, one core).
-
-``localizer`` and ``acf`` come from :mod:`vigil.bench.localization` when it
-exists (``null`` otherwise).
+  trace), and a recovery alarm that matches no recovery.
+- **Required episodes**: those whose effective step (``InjectedFailSlow.step``)
+  is at least ``REQUIRED_STEP`` (10 %) and that last at least
+  ``REQUIRED_ITERS`` (10) iterations inside the trace.
+- **Trace accuracy**: a clean trace is correct when it raises no false
+  positive; a faulty trace when every required episode is detected and there
+  is no false positive. A faulty trace with **no required episode** has no
+  required answer: it is left out of ``accuracy`` (counted in
+  ``faulty_without_required``), so silence cannot score on it.
+- ``accuracy_ignoring_recovery_alarms``: the same with recovery alarms
+  ignored (the rule before issue 23; the engine raises nothing on a
+  recovery while no fail-slow is in progress).
+- ``fpr``: fraction of clean traces with at least one false positive;
+  ``fnr_ge10``: missed required episodes / required episodes; ``fnr``: missed
+  episodes / all episodes (any size).
+- Delays ``d - o_e`` (iterations) of detected required episodes: median
+  (with a bootstrap interval), ``delay_max`` and ``delay_n``; ``delay_p99``
+  only from 100 samples or more (``null`` otherwise: read ``delay_max``).
+- Intervals: 95 % Wilson for proportions, percentile bootstrap for medians.
+- ``floor``: the scores of a detector that never alarms.
+- Known events (restarts, configuration changes) of out-of-family cases:
+  the harness restarts the detector there (a fresh instance), as the engine
+  must for the benign-shift rule; ``vigil.streams.engine`` does not do it
+  today.
 """
 
 from __future__ import annotations
@@ -58,41 +71,72 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
+import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from vigil.detectors.base import REGISTRY, Detector
+from vigil.bench.cpscore import wilson
+from vigil.detectors.base import REGISTRY
 import vigil.detectors.baselines  # noqa: F401  (registration)
 import vigil.detectors.verification  # noqa: F401  (registration)
+from vigil.sim.failslow_cases import OUT_OF_FAMILY, generate_cases
 from vigil.sim.traces import IterationTrace, generate_traces
 
-__all__ = ["DETECTORS", "ONSET_TOLERANCE", "REQUIRED_STEP", "REQUIRED_ITERS", "run", "run_detector", "score_trace"]
+__all__ = ["DETECTORS", "TUNED", "ONSET_TOLERANCE", "REQUIRED_STEP", "REQUIRED_ITERS", "TARGETS", "run",
+           "run_detector", "score_trace", "evaluate"]
 
 #: Detectors compared, by registry name.
-DETECTORS = ("bocd_verify", "bocd", "sliding_window", "adwin", "page_hinkley")
+DETECTORS = ("bocd_verify", "residual_cusum_verify", "bocd", "sliding_window", "adwin", "page_hinkley")
+#: Detectors whose defaults were tuned (on the tuning seed); the others are reported as "(untuned)".
+TUNED = ("bocd_verify", "residual_cusum_verify")
 #: Largest |reported onset - true onset| (iterations) of a true positive.
 ONSET_TOLERANCE = 20
 #: Episodes that must be detected: effective step >= 10 % ...
 REQUIRED_STEP = 0.10
 #: ... lasting at least this many iterations inside the trace.
 REQUIRED_ITERS = 10
+#: The fail-slow targets, re-reported on the evaluation seeds.
+TARGETS = {"accuracy": 0.995, "fpr": 0.0, "fnr_ge10": 0.01, "delay_median_ge20": 5}
 
 
-def run_detector(det: Detector, trace: IterationTrace) -> tuple[list[tuple[int, int, str]], float]:
-    """Feed ``trace`` to ``det``; return its change points ``(index, onset_index, kind)`` and the loop time."""
+class NeverAlarm:
+    """The floor: a detector that never reports anything."""
+
+    change_detected = False
+    last_change = None
+
+    def update(self, x: float, *, t: float) -> None:
+        pass
+
+
+def run_detector(make: Callable[[], Any], trace: IterationTrace,
+                 events: Sequence[int] = ()) -> tuple[list[tuple[int, int, str]], float]:
+    """Feed ``trace`` to ``make()``; return its change points ``(index, onset_index, kind)`` and the loop time.
+
+    At each index of ``events`` the detector is replaced by a fresh one (a known restart or
+    configuration change); onsets are reported in the trace's indices.
+    """
     out: list[tuple[int, int, str]] = []
     xs = trace.iteration_times.tolist()
     ts = trace.timestamps.tolist()
-    update = det.update
-    t0 = time.perf_counter()
-    for i, (x, t) in enumerate(zip(xs, ts)):
-        update(x, t=t)
-        if det.change_detected:
-            c = det.last_change
-            out.append((i, int(c.evidence["onset_index"]), c.kind))
-    return out, time.perf_counter() - t0
+    cuts = sorted(set(int(e) for e in events)) + [len(xs)]
+    start = 0
+    elapsed = 0.0
+    for cut in cuts:
+        det = make()
+        update = det.update
+        t0 = time.perf_counter()
+        for i in range(start, cut):
+            update(xs[i], t=ts[i])
+            if det.change_detected:
+                c = det.last_change
+                out.append((i, start + int(c.evidence["onset_index"]), c.kind))
+        elapsed += time.perf_counter() - t0
+        start = cut
+    return out, elapsed
 
 
 def _required(trace: IterationTrace, e) -> bool:
@@ -105,8 +149,22 @@ def score_trace(trace: IterationTrace, changes: list[tuple[int, int, str]]) -> d
     n = len(trace)
     eps = list(trace.fail_slows)
     detected: dict[int, tuple[int, int]] = {}  # episode -> (delay, onset error)
-    fp = 0
+    recovered: set[int] = set()
+    fp = fp_recovery = 0
     for d, o, kind in changes:
+        if kind == "recovery":
+            best, best_err = None, None
+            for k, e in enumerate(eps):
+                if e.recovery is None or k in recovered or d < e.recovery:
+                    continue
+                err = abs(o - e.recovery)
+                if err <= ONSET_TOLERANCE and (best_err is None or err < best_err):
+                    best, best_err = k, err
+            if best is None:
+                fp_recovery += 1
+            else:
+                recovered.add(best)
+            continue
         if kind != "fail_slow":
             continue
         best, best_err = None, None
@@ -122,33 +180,41 @@ def score_trace(trace: IterationTrace, changes: list[tuple[int, int, str]]) -> d
         else:
             detected[best] = (d - eps[best].onset, best_err)
     required = [k for k, e in enumerate(eps) if _required(trace, e)]
-    correct = fp == 0 and all(k in detected for k in required)
-    # Recoveries of detected episodes.
+    scored = trace.clean or bool(required)
+    correct = fp + fp_recovery == 0 and all(k in detected for k in required)
+    correct_fail_slow = fp == 0 and all(k in detected for k in required)
     rec_total = rec_found = 0
     for k, e in enumerate(eps):
         if k not in detected or e.recovery is None or not e.recovery_step >= REQUIRED_STEP:
             continue
         rec_total += 1
-        if any(kind == "recovery" and abs(o - e.recovery) <= ONSET_TOLERANCE and d >= e.recovery
-               for d, o, kind in changes):
-            rec_found += 1
+        rec_found += k in recovered
     return {
-        "correct": correct, "fp": fp, "detected": detected, "required": required, "episodes": eps,
-        "rec_total": rec_total, "rec_found": rec_found,
+        "correct": correct, "correct_fail_slow": correct_fail_slow, "scored": scored, "fp": fp + fp_recovery, "fp_recovery": fp_recovery,
+        "detected": detected, "required": required, "episodes": eps, "rec_total": rec_total,
+        "rec_found": rec_found,
     }
 
 
-def _median(v: list[float]) -> float | None:
-    return float(np.median(v)) if v else None
+def _median_ci(v: list[float], seed: int = 0) -> list[float] | None:
+    if not v:
+        return None
+    a = np.asarray(v, dtype=float)
+    rng = np.random.default_rng(seed)
+    meds = np.median(a[rng.integers(0, a.size, size=(2000, a.size))], axis=1)
+    return [float(np.quantile(meds, 0.025)), float(np.quantile(meds, 0.975))]
 
 
-def _p95(v: list[float]) -> float | None:
-    return float(np.percentile(v, 95)) if v else None
+def _rate(k: int, n: int) -> tuple[float | None, list[float] | None]:
+    ci = wilson(k, n)
+    return (k / n if n else None), (list(ci) if ci is not None else None)
 
 
-def _evaluate(name: str, traces: list[IterationTrace]) -> dict[str, Any]:
-    cls = REGISTRY[name]
-    n_correct = fp_total = clean_alarmed = 0
+def evaluate(make: Callable[[], Any], traces: Sequence[IterationTrace],
+             events: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+    """Score ``make()`` (a fresh detector per trace) on ``traces`` (see the module docstring)."""
+    n_correct_fs = 0
+    n_scored = n_correct = fp_total = clean_alarmed = n_clean = n_unscored = fp_rec = 0
     by_class = {"clean": [0, 0], "computation": [0, 0], "communication": [0, 0]}
     n_eps = n_missed = n_req = n_req_missed = 0
     delays: list[float] = []
@@ -157,18 +223,24 @@ def _evaluate(name: str, traces: list[IterationTrace]) -> dict[str, Any]:
     rec_total = rec_found = 0
     loop_time = 0.0
     n_updates = 0
-    for tr in traces:
-        det = cls()
-        changes, dt = run_detector(det, tr)
+    for j, tr in enumerate(traces):
+        changes, dt = run_detector(make, tr, events[j] if events is not None else ())
         loop_time += dt
         n_updates += len(tr)
         s = score_trace(tr, changes)
-        n_correct += s["correct"]
         fp_total += s["fp"]
-        cls_name = "clean" if tr.clean else tr.fail_slows[0].cause
-        by_class[cls_name][0] += s["correct"]
-        by_class[cls_name][1] += 1
+        fp_rec += s["fp_recovery"]
+        if not s["scored"]:
+            n_unscored += 1
+        else:
+            n_scored += 1
+            n_correct += s["correct"]
+            n_correct_fs += s["correct_fail_slow"]
+            cls_name = "clean" if tr.clean else tr.fail_slows[0].cause
+            by_class[cls_name][0] += s["correct"]
+            by_class[cls_name][1] += 1
         if tr.clean:
+            n_clean += 1
             clean_alarmed += s["fp"] > 0
         for k, e in enumerate(s["episodes"]):
             n_eps += 1
@@ -185,27 +257,54 @@ def _evaluate(name: str, traces: list[IterationTrace]) -> dict[str, Any]:
                         delays20.append(hit[0])
         rec_total += s["rec_total"]
         rec_found += s["rec_found"]
-    n_clean = by_class["clean"][1]
+    acc, acc_ci = _rate(n_correct, n_scored)
+    fpr, fpr_ci = _rate(clean_alarmed, n_clean)
+    fnr, fnr_ci = _rate(n_missed, n_eps)
+    fnr10, fnr10_ci = _rate(n_req_missed, n_req)
     return {
-        "accuracy": n_correct / len(traces),
-        "fpr": clean_alarmed / n_clean if n_clean else None,
-        "fnr": n_missed / n_eps if n_eps else None,
-        "fnr_ge10": n_req_missed / n_req if n_req else None,
-        "delay_median": _median(delays),
-        "delay_p95": _p95(delays),
-        "delay_median_ge20": _median(delays20),
-        "onset_error_median": _median(onset_err),
+        "accuracy": acc, "accuracy_ci": acc_ci, "n_scored": n_scored,
+        "accuracy_ignoring_recovery_alarms": n_correct_fs / n_scored if n_scored else None,
+        "faulty_without_required": n_unscored,
+        "fpr": fpr, "fpr_ci": fpr_ci, "n_clean": n_clean,
+        "fnr": fnr, "fnr_ci": fnr_ci,
+        "fnr_ge10": fnr10, "fnr_ge10_ci": fnr10_ci,
+        "delay_median": float(np.median(delays)) if delays else None,
+        "delay_median_ci": _median_ci(delays),
+        "delay_p95": float(np.percentile(delays, 95)) if len(delays) >= 20 else None,
+        "delay_p99": float(np.percentile(delays, 99)) if len(delays) >= 100 else None,
+        "delay_max": float(max(delays)) if delays else None,
+        "delay_n": len(delays),
+        "delay_median_ge20": float(np.median(delays20)) if delays20 else None,
+        "delay_median_ge20_ci": _median_ci(delays20),
+        "delay_n_ge20": len(delays20),
+        "onset_error_median": float(np.median(onset_err)) if onset_err else None,
         "updates_per_s": n_updates / loop_time if loop_time > 0 else None,
-        "accuracy_clean": by_class["clean"][0] / n_clean if n_clean else None,
+        "accuracy_clean": by_class["clean"][0] / by_class["clean"][1] if by_class["clean"][1] else None,
         "accuracy_computation": (by_class["computation"][0] / by_class["computation"][1]
                                  if by_class["computation"][1] else None),
         "accuracy_communication": (by_class["communication"][0] / by_class["communication"][1]
                                    if by_class["communication"][1] else None),
         "false_alarms": fp_total,
-        "false_alarms_per_10k": fp_total / n_updates * 1e4,
+        "false_recovery_alarms": fp_rec,
+        "false_alarms_per_10k": fp_total / n_updates * 1e4 if n_updates else None,
         "recovery_recall": rec_found / rec_total if rec_total else None,
         "episodes": n_eps,
         "required_episodes": n_req,
+    }
+
+
+def _label(name: str) -> str:
+    return name if name in TUNED else f"{name} (untuned)"
+
+
+def _targets(m: dict[str, Any]) -> dict[str, bool | None]:
+    def le(v, bound):
+        return None if v is None else bool(v <= bound)
+    return {
+        "accuracy_ge_0.995": None if m["accuracy"] is None else bool(m["accuracy"] >= TARGETS["accuracy"]),
+        "fpr_eq_0": le(m["fpr"], TARGETS["fpr"]),
+        "fnr_ge10_le_0.01": le(m["fnr_ge10"], TARGETS["fnr_ge10"]),
+        "delay_median_ge20_le_5": le(m["delay_median_ge20"], TARGETS["delay_median_ge20"]),
     }
 
 
@@ -217,29 +316,74 @@ def _localization(seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
     return localization.score_localizer(seed), localization.score_acf(seed)
 
 
-def run(json_path: str | None = None, n_traces: int = 500, seed: int = 0,
-        progress: Callable[[str], Any] | None = None, detectors: tuple[str, ...] = DETECTORS) -> dict[str, Any]:
+def _load() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on every platform
+        return None
+
+
+def run(json_path: str | None = None, n_traces: int = 500, tuning_seeds: Sequence[int] = (0,),
+        evaluation_seeds: Sequence[int] = (2, 3), n_out_of_family: int = 50, general: bool = True,
+        n_general_per_family: int = 70, progress: Callable[[str], Any] | None = None,
+        detectors: Sequence[str] = DETECTORS, command: str | None = None) -> dict[str, Any]:
     """Run the benchmark; write the result to ``json_path`` (when given) and return it."""
+    if set(tuning_seeds) & set(evaluation_seeds):
+        raise ValueError(f"tuning seeds {list(tuning_seeds)} and evaluation seeds {list(evaluation_seeds)} overlap")
+    say = progress or (lambda _m: None)
     t0 = time.perf_counter()
-    traces = generate_traces(n_traces, seed=seed)
+    load_before = _load()
+    traces = [tr for seed in evaluation_seeds for tr in generate_traces(n_traces, seed=seed)]
+    cases = [c for seed in evaluation_seeds for c in generate_cases(n_out_of_family, seed=seed)]
     result: dict[str, Any] = {
+        "command": command,
+        "tuning_seeds": list(tuning_seeds),
+        "evaluation_seeds": list(evaluation_seeds),
+        "load_avg_before": load_before,
+        "targets": dict(TARGETS),
         "detectors": {},
+        "floor": None,
+        "out_of_family": {},
+        "general": None,
         "localizer": None,
         "acf": None,
         "traces": {
-            "n": len(traces), "clean": sum(tr.clean for tr in traces), "seed": seed,
-            "iterations": int(sum(len(tr) for tr in traces)),
+            "n": len(traces), "clean": sum(tr.clean for tr in traces), "seeds": list(evaluation_seeds),
+            "per_seed": n_traces, "iterations": int(sum(len(tr) for tr in traces)),
             "onset_tolerance": ONSET_TOLERANCE, "required_step": REQUIRED_STEP,
             "required_iterations": REQUIRED_ITERS,
         },
     }
     for name in detectors:
-        if progress is not None:
-            progress(f"detector {name}")
-        result["detectors"][name] = _evaluate(name, traces)
-    if progress is not None:
-        progress("localizer and acf")
-    result["localizer"], result["acf"] = _localization(seed)
+        say(f"fail-slow: {name}")
+        m = evaluate(REGISTRY[name], traces)
+        m["tuned"] = name in TUNED
+        if name in TUNED:
+            m["targets_met"] = _targets(m)
+        result["detectors"][_label(name)] = m
+    result["floor"] = evaluate(NeverAlarm, traces)
+    for fam in OUT_OF_FAMILY:
+        say(f"out of family: {fam}")
+        fc = [c for c in cases if c.family == fam]
+        trs = [c.trace for c in fc]
+        evs = [c.events for c in fc]
+        row: dict[str, Any] = {"n": len(fc), "clean": all(tr.clean for tr in trs)}
+        for name in detectors:
+            m = evaluate(REGISTRY[name], trs, evs)
+            row[_label(name)] = {k: m[k] for k in ("accuracy", "accuracy_ci", "accuracy_ignoring_recovery_alarms",
+                                                   "n_scored", "fpr", "fpr_ci",
+                                                   "fnr_ge10", "fnr_ge10_ci", "false_alarms",
+                                                   "false_recovery_alarms", "delay_median", "delay_n")}
+        fl = evaluate(NeverAlarm, trs, evs)
+        row["floor"] = {"accuracy": fl["accuracy"], "accuracy_ci": fl["accuracy_ci"]}
+        result["out_of_family"][fam] = row
+    say("localizer and acf")
+    result["localizer"], result["acf"] = _localization(evaluation_seeds[0])
+    if general:
+        from vigil.bench.changepoints import run_general
+
+        result["general"] = run_general(tuning_seeds, evaluation_seeds, n_general_per_family, progress=say)
+    result["load_avg_after"] = _load()
     result["elapsed_s"] = time.perf_counter() - t0
     if json_path is not None:
         d = os.path.dirname(os.path.abspath(json_path))
@@ -263,21 +407,21 @@ def _clean_json(obj: Any) -> Any:
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """A short text table of the per-detector figures."""
-    cols = ("accuracy", "fpr", "fnr", "fnr_ge10", "delay_median", "delay_p95", "onset_error_median",
+    """A short text table of the per-detector fail-slow figures."""
+    cols = ("accuracy", "fpr", "fnr", "fnr_ge10", "delay_median", "delay_max", "onset_error_median",
             "updates_per_s")
-    lines = ["detector        " + " ".join(f"{c[:12]:>12}" for c in cols)]
-    for name, m in result["detectors"].items():
+    lines = ["detector                      " + " ".join(f"{c[:12]:>12}" for c in cols)]
+    rows = list(result["detectors"].items()) + [("floor (never alarms)", result["floor"])]
+    for name, m in rows:
         cells = []
         for c in cols:
             v = m.get(c)
             cells.append(f"{'-':>12}" if v is None else (f"{v:12.0f}" if c == "updates_per_s" else f"{v:12.4f}"))
-        lines.append(f"{name:<16}" + " ".join(cells))
+        lines.append(f"{name:<30}" + " ".join(cells))
     return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover
-    import sys
-
-    res = run(sys.argv[1] if len(sys.argv) > 1 else None, progress=lambda m: print(m, file=sys.stderr))
+    res = run(sys.argv[1] if len(sys.argv) > 1 else None, progress=lambda m: print(m, file=sys.stderr),
+              command=" ".join(shlex.quote(a) for a in sys.argv))
     print(format_table(res))

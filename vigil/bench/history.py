@@ -16,32 +16,41 @@
    materialized views fill as it goes), then each cookbook query runs
    ``repeats`` times; the median is reported.
 
-JSON: ``{"insert_rows_per_s", "queries": {NAME: seconds}, "targets", "detail"}``.
+JSON: ``{"insert_rows_per_s", "queries": {NAME: seconds}, "targets", "met",
+"command", "detail"}``; ``command`` reproduces the run (the ``vigil bench
+history`` line, or the Python call when ``data_dir`` was given), and
+``detail.machine`` holds the load average before and after it: others' work on
+a shared machine makes these figures noisy.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from vigil.bench.command import reproducing_command
+from vigil.bench.machine import measured
+
 TARGET_ROWS_PER_S = 100_000
 TARGET_QUERY_S = 1.0
 _T0 = "2026-03-02 00:00:00"  # the cookbook's window starts here
+#: ``run`` arguments that ``vigil bench history`` takes, and its options.
+CLI_OPTIONS = {"telemetry_rows": "--telemetry-rows", "incidents": "--incidents", "sink_events": "--sink-events",
+               "repeats": "--repeats"}
 
 
 def run(json_path: str | None, telemetry_rows: int = 100_000_000, incidents: int = 1_000_000,
         sink_events: int = 300_000, repeats: int = 3, progress: Callable[[str], Any] | None = None,
         data_dir: str | None = None) -> dict[str, Any]:
+    command = reproducing_command(run, dict(locals()), "vigil bench history", CLI_OPTIONS)
     started = time.time()
-    load_start = [round(x, 2) for x in os.getloadavg()]
     say = progress or (lambda _: None)
-    with tempfile.TemporaryDirectory(prefix="vigil-bench-history-", dir=data_dir) as tmp:
+    machine: dict[str, Any] = {}
+    with measured(machine), tempfile.TemporaryDirectory(prefix="vigil-bench-history-", dir=data_dir) as tmp:
         from vigil.streams.history import HistoryStore
 
         store = HistoryStore(f"chdb://{tmp}/history", "bench_sink")
@@ -59,11 +68,8 @@ def run(json_path: str | None, telemetry_rows: int = 100_000_000, incidents: int
         "targets": {"insert_rows_per_s": TARGET_ROWS_PER_S, "query_s": TARGET_QUERY_S},
         "met": {"insert_rows_per_s": sink["rows_per_s"] >= TARGET_ROWS_PER_S,
                 "queries": {name: q["median_s"] < TARGET_QUERY_S for name, q in queries.items()}},
-        "detail": {"sink": sink, "generated": gen, "queries": queries,
-                   "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0],
-                               # others' work on a shared machine makes the figures noisy
-                               "load_avg_1_5_15_at_start": load_start,
-                               "load_avg_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()]},
+        "command": command,
+        "detail": {"sink": sink, "generated": gen, "queries": queries, "machine": machine,
                    "wall_s": round(time.time() - started, 1)},
     }
     if json_path is not None:

@@ -42,7 +42,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from vigil.detectors.period import IterationPeriod, acf_period
-from vigil.detectors.straggler import Localization, StragglerLocalizer, _median_records, falcon_localize, localize, localize_window
+from vigil.detectors.localization import Localization, _median_records, falcon_localize, localize, localize_window
+from vigil.detectors.straggler import StragglerLocalizer
 from vigil.sim.hook_replay import replay_through_hooks
 from vigil.sim.rank_traces import CULPRIT_CLASSES, GRIDS, make_collective_stream, make_localization_case
 

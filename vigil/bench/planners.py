@@ -28,10 +28,13 @@ Instances
   median over seeds of (the best baseline's objective / ours).
 
 Result keys: ``microbatch_512_ms``, ``waf_100jobs_10k_ms``,
-``placement_512of1024_ms``, ``placement_spread_vs_best_baseline`` and
-``detail`` (the sweeps, per-seed quality, targets and the machine). The
-headline keys keep their names when the headline instances are made smaller
-(as the unit test does); ``detail.headline`` says what was measured.
+``placement_512of1024_ms``, ``placement_spread_vs_best_baseline``,
+``command`` (what reproduces the result: the ``vigil bench planners`` line, or
+the Python call when an argument the command does not take was changed) and
+``detail`` (the sweeps, per-seed quality, targets, and the machine with its
+load average before and after the run). The headline keys keep their names
+when the headline instances are made smaller (as the unit test does);
+``detail.headline`` says what was measured.
 """
 
 from __future__ import annotations
@@ -58,12 +61,18 @@ from vigil.actuators.planners import (
     plan_workers,
     rebalance_microbatches,
 )
+from vigil.actuators.planners.placement import Placement
+from vigil.bench.command import reproducing_command
+from vigil.bench.machine import measured
 
-__all__ = ["run", "microbatch_instance", "waf_instance", "fragmented_cluster", "format_table"]
+__all__ = ["run", "microbatch_instance", "waf_instance", "fragmented_cluster", "format_table", "quality_row",
+           "quality_summary"]
 
 #: Targets from the issue, in milliseconds.
 TARGETS_MS = {"microbatch_512_ms": 10.0, "waf_100jobs_10k_ms": 100.0, "placement_512of1024_ms": 1000.0}
 MINIPOD_NODES = 32
+#: ``run`` arguments that ``vigil bench planners`` takes, and its options.
+CLI_OPTIONS = {"repeats": "--repeats", "seed": "--seed", "quality_seeds": "--quality-seeds"}
 
 
 def microbatch_instance(groups: int, seed: int = 0) -> tuple[list[float], int]:
@@ -143,7 +152,29 @@ def run(json_path: str | None = None, *, repeats: int = 7, seed: int = 0,
     ``placement_sizes`` are ``(job nodes, cluster nodes, pp)``. The headline
     instances are measured even when they are not in the sweeps.
     """
-    say = progress or (lambda _m: None)
+    command = reproducing_command(run, dict(locals()), "vigil bench planners", CLI_OPTIONS)
+    machine = _machine()
+    with measured(machine):
+        result = _measure(repeats=repeats, seed=seed, microbatch_groups=microbatch_groups,
+                          microbatch_headline=microbatch_headline, waf_sizes=waf_sizes, waf_headline=waf_headline,
+                          waf_max_size_nodes=waf_max_size_nodes, waf_gpu_units=waf_gpu_units,
+                          placement_sizes=placement_sizes, placement_headline=placement_headline,
+                          quality_seeds=quality_seeds, say=progress or (lambda _m: None))
+    result["detail"]["machine"] = machine
+    result = _clean_json({**result, "command": command})
+    if json_path is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    return result
+
+
+def _measure(*, repeats: int, seed: int, microbatch_groups: Sequence[int], microbatch_headline: int,
+             waf_sizes: Sequence[tuple[int, int]], waf_headline: tuple[int, int], waf_max_size_nodes: int,
+             waf_gpu_units: bool, placement_sizes: Sequence[tuple[int, int, int]],
+             placement_headline: tuple[int, int, int], quality_seeds: int,
+             say: Callable[[str], Any]) -> dict[str, Any]:
     t_start = time.perf_counter()
     detail: dict[str, Any] = {}
 
@@ -193,32 +224,13 @@ def run(json_path: str | None = None, *, repeats: int = 7, seed: int = 0,
     quality = []
     for s in range(seed, seed + quality_seeds):
         pods = fragmented_cluster(hc, s, need=hdp * hpp)
-        ours = place_job(pods, hdp, hpp)
         base = {"best_fit": place_best_fit(pods, hdp, hpp), "random_fit": place_random_fit(pods, hdp, hpp, seed=s),
                 "packing": place_packing(pods, hdp, hpp)}
-        best_name = min(base, key=lambda k: base[k].objective)
-        row = {"seed": s, "free_nodes": sum(map(len, pods)),
-               "ours": {"dp_spread": ours.dp_spread, "pp_splits": ours.pp_splits, "objective": ours.objective,
-                        "optimal": ours.optimal},
-               **{k: {"dp_spread": b.dp_spread, "pp_splits": b.pp_splits, "objective": b.objective}
-                  for k, b in base.items()},
-               "best_baseline": best_name,
-               "ratio": base[best_name].objective / ours.objective if ours.objective > 0 else None,
-               "dp_spread_ratio": base[best_name].dp_spread / ours.dp_spread}
-        quality.append(row)
-    ratios = [q["ratio"] for q in quality if q["ratio"] is not None]
+        quality.append(quality_row(s, sum(map(len, pods)), place_job(pods, hdp, hpp), base))
     detail["placement_quality"] = {
         "job": {"dp": hdp, "pp": hpp, "cluster_nodes": hc, "minipod_nodes": MINIPOD_NODES},
         "objective": "dp_spread + pp_splits (alpha = beta = 1)",
-        "ratio_median": statistics.median(ratios) if ratios else None,
-        "ratio_min": min(ratios) if ratios else None,
-        "ratio_max": max(ratios) if ratios else None,
-        # the max DP spread alone (best baseline's / ours): below 1 when the exact placement trades a
-        # wider DP group for whole pipelines
-        "dp_spread_ratio_median": statistics.median(q["dp_spread_ratio"] for q in quality),
-        "pp_splits_median": {"ours": statistics.median(q["ours"]["pp_splits"] for q in quality),
-                             "best_baseline": statistics.median(q[q["best_baseline"]]["pp_splits"] for q in quality)},
-        "per_seed": quality,
+        **quality_summary(quality),
     }
 
     detail["headline"] = {
@@ -230,7 +242,6 @@ def run(json_path: str | None = None, *, repeats: int = 7, seed: int = 0,
     detail["targets_ms"] = TARGETS_MS
     detail["repeats"] = repeats
     detail["seed"] = seed
-    detail["machine"] = _machine()
     result = {
         "microbatch_512_ms": mb_head,
         "waf_100jobs_10k_ms": waf_head,
@@ -239,13 +250,49 @@ def run(json_path: str | None = None, *, repeats: int = 7, seed: int = 0,
         "detail": detail,
     }
     detail["elapsed_s"] = time.perf_counter() - t_start
-    result = _clean_json(result)
-    if json_path is not None:
-        os.makedirs(os.path.dirname(os.path.abspath(json_path)), exist_ok=True)
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
     return result
+
+
+def quality_row(seed: int, free_nodes: int, ours: Placement, baselines: dict[str, Placement]) -> dict[str, Any]:
+    """One cluster of the quality comparison: the exact placement against the best of the baselines.
+
+    The best baseline is the one of lowest objective (the first named on a
+    tie); ``ratio`` is its objective over ours (above 1: ours is better),
+    ``dp_spread_ratio`` the same for the max DP spread alone; each None when
+    ours is 0, which no placement reaches with the default weights since
+    every DP group spans at least one minipod.
+    """
+    best_name = min(baselines, key=lambda k: baselines[k].objective)
+    best = baselines[best_name]
+    return {"seed": seed, "free_nodes": free_nodes,
+            "ours": {"dp_spread": ours.dp_spread, "pp_splits": ours.pp_splits, "objective": ours.objective,
+                     "optimal": ours.optimal},
+            **{k: {"dp_spread": b.dp_spread, "pp_splits": b.pp_splits, "objective": b.objective}
+               for k, b in baselines.items()},
+            "best_baseline": best_name,
+            "ratio": best.objective / ours.objective if ours.objective > 0 else None,
+            "dp_spread_ratio": best.dp_spread / ours.dp_spread if ours.dp_spread > 0 else None}
+
+
+def _median_or_none(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def quality_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Medians (and the range of ``ratio``) over the clusters of :func:`quality_row`; a None ratio is left out."""
+    ratios = [q["ratio"] for q in rows if q["ratio"] is not None]
+    return {
+        "ratio_median": statistics.median(ratios) if ratios else None,
+        "ratio_min": min(ratios) if ratios else None,
+        "ratio_max": max(ratios) if ratios else None,
+        # the max DP spread alone (best baseline's / ours): below 1 when the exact placement trades a
+        # wider DP group for whole pipelines
+        "dp_spread_ratio_median": _median_or_none([q["dp_spread_ratio"] for q in rows]),
+        "pp_splits_median": {"ours": statistics.median(q["ours"]["pp_splits"] for q in rows),
+                             "best_baseline": statistics.median(q[q["best_baseline"]]["pp_splits"] for q in rows)},
+        "per_seed": list(rows),
+    }
 
 
 def _machine() -> dict[str, Any]:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -61,6 +63,12 @@ class Scene:
     prefix: str = field(default_factory=lambda: f"scn-{uuid.uuid4().hex[:8]}")
     processes: list[subprocess.Popen] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)  # ranks left behind by a killed agent
+    logs: list[Path] = field(default_factory=list)  # the logs of what it started, for a failed scenario's report
+    #: Unix socket paths must stay under 108 bytes: a deep pytest folder does not, so sockets live here
+    sockets: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="vgs-", dir="/tmp")))
+
+    def log_tails(self, chars: int = 2000) -> dict[str, str]:
+        return {str(p.relative_to(self.root)): p.read_text(errors="replace")[-chars:] for p in self.logs if p.exists()}
 
     def env(self, **extra: str) -> dict[str, str]:
         return {**os.environ, "VIGIL_KAFKA_BOOTSTRAP": self.bootstrap, "VIGIL_TOPIC_PREFIX": self.prefix,
@@ -74,19 +82,21 @@ class Scene:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 class WorkerProcess:
     """``vigil worker`` for the scene."""
 
-    def __init__(self, scene: Scene) -> None:
+    def __init__(self, scene: Scene, env: dict[str, str] | None = None) -> None:
         self.dir = scene.root / "worker"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.ready = self.dir / "ready"
         self.log = self.dir / "worker.log"
+        scene.logs.append(self.log)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker", "--ready-file", str(self.ready),
-                                          "--log-level", "INFO"], env=scene.env(VIGIL_STATE_DIR=str(self.dir)),
+                                          "--log-level", "INFO"], env=scene.env(VIGIL_STATE_DIR=str(self.dir), **(env or {})),
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         scene.processes.append(self.proc)
 
@@ -104,14 +114,17 @@ class AgentProcess:
         self.node, self.job = node, job
         self.dir = scene.root / f"agent-{node}-{job or 'daemon'}-{uuid.uuid4().hex[:4]}"
         self.dir.mkdir(parents=True)
+        sockets = scene.sockets / self.dir.name
+        sockets.mkdir()
         (self.dir / "progress").mkdir()
         (self.dir / "nic").mkdir()
         self.log = self.dir / "agent.log"
+        scene.logs.append(self.log)
         kmsg = self.dir / "kmsg"
         kmsg.touch()
         argv = [sys.executable, "-m", "vigil.cli", "agent", "--node", node, "--no-gpu", "--kmsg", str(kmsg),
-                "--nic-root", str(self.dir / "nic"), "--hooks-socket", str(self.dir / "hooks.sock"),
-                "--control-dir", str(self.dir / "ctl"), "--log-level", "INFO", *extra]
+                "--nic-root", str(self.dir / "nic"), "--hooks-socket", str(sockets / "hooks.sock"),
+                "--control-dir", str(sockets / "ctl"), "--log-level", "INFO", *extra]
         if job is not None:
             assert spec is not None
             spec = {**spec, "progress": str(self.dir / "progress")}
@@ -138,6 +151,21 @@ class AgentProcess:
             except (OSError, ValueError):
                 continue
         return out
+
+    def saved(self) -> dict[int, tuple[int, float]]:
+        """rank -> (step, time) of the save vigil asked for, from the ranks' own files."""
+        out = {}
+        for f in (self.dir / "progress").glob("saved*"):
+            try:
+                step, at = f.read_text().split()
+                out[int(f.name[5:])] = (int(step), float(at))
+            except (OSError, ValueError):
+                continue
+        return out
+
+    def signal_all(self, sig: int) -> None:
+        """What a Slurm signal does: the agent and every process it started get it."""
+        os.killpg(self.proc.pid, sig)
 
     def step(self) -> int:
         p = self.progress()

@@ -11,7 +11,9 @@ rank, torchrun's environment). SPEC is a JSON object:
 ``ckpt_x``         ... taking this many step times
 ``hang_at``        at this step, rank ``hang_rank`` sleeps forever inside the step
 ``crash``          exit with this code right after start, every launch (a crash loop)
-``progress``       a folder: each rank writes ``rank<r>`` = its last step and pid
+``start_step``     resume from this step (the next job of a chain)
+``progress``       a folder: each rank writes ``rank<r>`` = its last step and pid, and
+                   ``saved<r>`` = the step and time of a save vigil asked for
 
 It is a user's script: the scenario knows its ground truth from SPEC and
 from what it does to the processes, never from vigil's output.
@@ -43,10 +45,16 @@ def main() -> None:
     mon = TrainingMonitor.from_env(dp=rank, pp=0, tp=0)
     mon.instrument_collectives()
     mon.install_exception_hooks()
-    mon.start_control(on_checkpoint=lambda step: time.sleep(spec.get("ckpt_x", 5) * spec["step_s"]))
     progress = Path(spec["progress"]) / f"rank{rank}" if spec.get("progress") else None
+
+    def save(step: int) -> None:  # asked by vigil ("save and exit"): the ground truth of what was saved, and when
+        time.sleep(spec.get("ckpt_x", 5) * spec["step_s"])
+        if progress is not None:
+            progress.with_name(f"saved{rank}").write_text(f"{step} {time.time()}")
+
+    mon.start_control(on_checkpoint=save)
     grad = torch.ones(1024)
-    step = 0
+    step = spec.get("start_step", 0)  # resuming a run from its checkpoint
     while step < spec["steps"]:
         with mon.step(step) as s:
             pause = spec["step_s"] * (spec.get("first_step_x", 1.0) if step == 0 else 1.0)

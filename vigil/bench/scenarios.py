@@ -295,6 +295,96 @@ def broker_down_20s(scene: Scene, rec: Recorder, v: Verdict) -> None:
 broker_down_20s.own_broker = True  # type: ignore[attr-defined]
 
 
+def _left_saved(agent: AgentProcess, rec: Recorder, v: Verdict, how: str, code: int,
+                before: float | None = None) -> None:
+    """The job saved and left as ``how``: every rank saved the same step (before ``before``), the agent
+    exited ``code``, the ranks 0, and its lifecycle event names the step the ranks saved."""
+    saved = agent.saved()
+    steps = {step for step, _ in saved.values()}
+    ended = [s for _, s in rec.job_states(agent.job or "") if s.state == how]
+    v.require("exit_code", agent.proc.poll() == code, agent.proc.poll())
+    v.require("every_rank_saved_one_step", len(saved) == 2 and len(steps) == 1, saved)
+    if before is not None:
+        last = max((t for _, t in saved.values()), default=None)
+        v.require("saved_before_deadline", last is not None and last <= before,
+                  None if last is None else round(last - before, 2))
+    v.require(f"job_{how}", bool(ended), _states(rec, agent.job or ""))
+    v.require("ranks_exit_0", bool(ended) and set(ended[-1].exit_codes.values()) == {0},
+              ended[-1].exit_codes if ended else None)
+    v.require("checkpoint_step_reported", bool(ended) and len(steps) == 1 and ended[-1].checkpoint_step in steps,
+              ended[-1].checkpoint_step if ended else None)
+
+
+def time_limit(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    deadline = time.time() + 20.0
+    agent = AgentProcess(scene, "n1", "limited", _spec(ckpt_every=10, ckpt_x=5.0), actuate=True,
+                         extra=("--deadline", f"{deadline:.3f}", "--run", "run-limited", "--checkpoint-estimate", "5"))
+    v.expected.update(exit_code=0, job_state="time_limit", saved_before=deadline, pages=0, decisions=0)
+    wait_until(lambda: agent.proc.poll() is not None, 60, rec.poll)
+    _settle(rec, 5)
+    _left_saved(agent, rec, v, "time_limit", 0, before=deadline)
+
+
+def warned_usr1(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "warned", _spec(ckpt_every=10, ckpt_x=5.0), actuate=True,
+                         extra=("--run", "run-warned"))
+    v.expected.update(exit_code=0, job_state="preempted", pages=0, decisions=0)
+    wait_until(lambda: agent.step() >= 15, 90, rec.poll)
+    agent.signal_all(signal.SIGUSR1)  # sbatch --signal=USR1@600: every process of the step gets it
+    wait_until(lambda: agent.proc.poll() is not None, 60, rec.poll)
+    _settle(rec, 5)
+    _left_saved(agent, rec, v, "preempted", 0)
+
+
+def sigterm_grace(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "evicted", _spec(ckpt_every=10, ckpt_x=5.0), actuate=True,
+                         extra=("--term-grace", "15"))
+    v.expected.update(exit_code=143, job_state="cancelled", pages=0, decisions=0)
+    wait_until(lambda: agent.step() >= 15, 90, rec.poll)
+    agent.signal(signal.SIGTERM)  # a Kubernetes eviction: the container's first process, then SIGKILL after its grace
+    wait_until(lambda: agent.proc.poll() is not None, 30, rec.poll)
+    _settle(rec, 5)
+    _left_saved(agent, rec, v, "cancelled", 143)
+
+
+def chain_continues(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    first = AgentProcess(scene, "n1", "chain-1", _spec(ckpt_every=10, ckpt_x=5.0), actuate=True,
+                         extra=("--deadline", f"{time.time() + 15.0:.3f}", "--run", "run-chained", "--checkpoint-estimate", "3"))
+    wait_until(lambda: first.proc.poll() is not None, 60, rec.poll)
+    resume = min((step for step, _ in first.saved().values()), default=0) + 1
+    second = AgentProcess(scene, "n1", "chain-2", _spec(steps=resume + 20, start_step=resume), actuate=True,
+                          extra=("--run", "run-chained"))
+    v.expected.update(first_exit=0, second_exit=0, chain_broken=False, resumed_from=resume)
+    wait_until(lambda: second.proc.poll() is not None, 90, rec.poll)
+    _settle(rec, CHAIN_TIMEOUT_S + 4)  # past the chain's timeout, counted from the first job's end
+    v.require("first_exit", first.proc.poll() == 0, first.proc.poll())
+    v.require("second_exit", second.proc.poll() == 0, second.proc.poll())
+    v.require("second_completed", "completed" in _states(rec, "chain-2"), _states(rec, "chain-2"))
+
+
+def chain_broken(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    agent = AgentProcess(scene, "n1", "orphan", _spec(ckpt_every=10, ckpt_x=5.0), actuate=True,
+                         extra=("--deadline", f"{time.time() + 15.0:.3f}", "--run", "run-orphaned", "--checkpoint-estimate", "3"))
+    v.expected.update(exit_code=0, alert="sev2 chain_broken of run run-orphaned",
+                      within_s=CHAIN_TIMEOUT_S + 3.0, decisions=0)
+    v.pages_allowed = {"chain_broken"}
+    wait_until(lambda: agent.proc.poll() is not None, 60, rec.poll)
+    ended = time.time()
+    opened = lambda: [t for t, a in rec.opened("chain_broken") if a.subject.run == "run-orphaned"]
+    wait_until(lambda: bool(opened()), CHAIN_TIMEOUT_S + 20, rec.poll)
+    _settle(rec, 3)
+    delay = opened()[0] - ended if opened() else None
+    v.require("exit_code", agent.proc.poll() == 0, agent.proc.poll())
+    v.require("chain_broken_not_early", delay is not None and delay >= CHAIN_TIMEOUT_S - 1.0)
+    v.require("chain_broken_in_time", delay is not None and delay <= CHAIN_TIMEOUT_S + 3.0,
+              None if delay is None else round(delay, 2))
+
+
+#: The run-chain watch's timeout in the chain scenarios (the worker's VIGIL_CHAIN_TIMEOUT_S).
+CHAIN_TIMEOUT_S = 8.0
+chain_continues.worker_env = chain_broken.worker_env = {"VIGIL_CHAIN_TIMEOUT_S": str(CHAIN_TIMEOUT_S)}  # type: ignore[attr-defined]
+
+
 def _steps_seen(scene: Scene, job: str) -> set[tuple[int, int]]:
     """(rank, step) of every iteration record of ``job`` on the broker's log."""
     from vigil.schemas import IterationTiming, decode
@@ -329,9 +419,14 @@ SCENARIOS: dict[str, Callable[[Scene, Recorder, Verdict], None]] = {
     "eight_silent": eight_silent,
     "broker_down_20s": broker_down_20s,
     "repair_fails_health_check": repair_fails_health_check,
+    "time_limit": time_limit,
+    "warned_usr1": warned_usr1,
+    "sigterm_grace": sigterm_grace,
+    "chain_continues": chain_continues,
+    "chain_broken": chain_broken,
 }
 #: The subset the integration tests run on every `make test`.
-FAST = ("normal_completion", "rank_killed", "agent_stopped_cleanly")
+FAST = ("normal_completion", "rank_killed", "agent_stopped_cleanly", "time_limit", "chain_broken")
 
 
 def run_scenario(name: str, bootstrap: str, root: Path) -> dict[str, Any]:
@@ -352,7 +447,7 @@ def run_scenario(name: str, bootstrap: str, root: Path) -> dict[str, Any]:
     rec = None
     try:
         ensure_topics({"bootstrap.servers": bootstrap}, scene.prefix)
-        worker = WorkerProcess(scene)
+        worker = WorkerProcess(scene, env=getattr(SCENARIOS[name], "worker_env", None))
         worker.wait_ready()
         rec = Recorder(scene)
         t0 = time.time()
@@ -368,6 +463,8 @@ def run_scenario(name: str, bootstrap: str, root: Path) -> dict[str, Any]:
         scene.close()
         if own is not None:
             own.stop()
+    if not out["passed"]:  # what the processes said, for whoever reads the failure
+        out["observed"]["logs"] = scene.log_tails()
     out["wall_s"] = round(time.monotonic() - started, 1)
     return out
 

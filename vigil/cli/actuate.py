@@ -14,7 +14,7 @@ import typer
 from vigil.actuators.backends import ControlDirProcesses, KubernetesBackend, LocalBackend, SlurmBackend
 from vigil.actuators.errors import ActuatorError
 from vigil.actuators.executor import Executor
-from vigil.cli.common import app
+from vigil.cli.common import app, metrics_host_option, metrics_port_option
 from vigil.schemas.envelope import to_seconds, utcnow
 from vigil.services.actuator import ActuatorService
 
@@ -35,8 +35,17 @@ How it acts (--backend):
 
 \b
 Safety:
-  * targets must be known: --node, --job, --inventory FILE, plus what
-    the state.jobs / state.nodes topics say; others are refused
+  * decisions must be signed by vigil's decision engine (VIGIL_DECISION_KEYS,
+    or the key `vigil up` keeps in the state directory); unsigned, forged,
+    replayed, stale or future-dated decisions are refused, reported on
+    <prefix>.actions and raise an alert. VIGIL_ALLOW_UNSIGNED_DECISIONS=1
+    accepts unsigned ones (a development stack only)
+  * targets come from the operator only: --node, --job, --inventory FILE
+    (host ranges like gpu-[01-16] are expanded) and, with
+    --inventory-source slurm|kubernetes, the scheduler itself (scontrol show
+    nodes + squeue, or the Kubernetes API), re-read every
+    --inventory-refresh seconds; never from a topic. ALL, ranges and lists
+    in a decision are refused
   * commands are argv lists of validated names, never a shell string
   * each decision acts at most once: the --ledger (SQLite) records every
     decision id and idempotency key; a redelivered decision re-publishes
@@ -78,7 +87,9 @@ def actuate(
     ledger: Optional[Path] = typer.Option(None, "--ledger", help="The actuator's ledger (default: <state dir>/actuator-ledger.sqlite)."),
     node: Optional[List[str]] = typer.Option(None, "--node", help="A node the actuator may act on (repeatable)."),
     job: Optional[List[str]] = typer.Option(None, "--job", help="A job the actuator may act on (repeatable)."),
-    inventory: Optional[Path] = typer.Option(None, "--inventory", help='JSON file with "nodes" (a list of names) and "jobs" (a list, or an object: job -> its nodes).'),
+    inventory: Optional[Path] = typer.Option(None, "--inventory", help='JSON file with "nodes" (a list of names or host ranges, e.g. gpu-[01-16]) and "jobs" (a list, or an object: job -> its nodes).'),
+    inventory_source: Optional[str] = typer.Option(None, "--inventory-source", help="Also ask the scheduler for its nodes and jobs: slurm (scontrol show nodes, squeue) or kubernetes (the API, through kubectl)."),
+    inventory_refresh: float = typer.Option(60.0, min=1.0, help="Seconds between two questions to --inventory-source."),
     filter_job: Optional[List[str]] = typer.Option(None, "--filter-job", help="Act only on decisions for this job (repeatable)."),
     max_drained_nodes: int = typer.Option(_limit("max_drained_nodes"), min=1, help="Circuit breaker: most nodes isolated per window."),
     max_drained_fraction: float = typer.Option(_limit("max_drained_fraction"), min=0.0, max=1.0, help="Circuit breaker: most fraction of the known cluster isolated per window (one node may always go)."),
@@ -99,13 +110,15 @@ def actuate(
     reset_job: Optional[List[str]] = typer.Option(None, "--reset-job", help="Lift the no-progress guard of this job in --ledger and exit (repeatable)."),
     ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
     log_level: str = typer.Option("INFO", help="Python log level."),
+    metrics_port: Optional[int] = metrics_port_option("actuator"),
+    metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
     from vigil.actuators.inventory import Inventory
     from vigil.actuators.ledger import Ledger
     from vigil.actuators.safety import Safety, SafetyLimits
     from vigil.schemas import Source
     from vigil.broker import StackError
-    from vigil.cli.common import settings_and_logging
+    from vigil.cli.common import serve_metrics, settings_and_logging
     from vigil.stack import resolve_bootstrap
 
     settings = settings_and_logging(log_level, logging.INFO)
@@ -125,8 +138,18 @@ def actuate(
         raise typer.Exit(0)
     if backend not in ("slurm", "kubernetes", "local"):
         raise typer.BadParameter(f"--backend must be slurm, kubernetes or local, got {backend!r}")
+    from vigil.actuators.inventory import KubernetesSource, SlurmSource
+
+    if inventory_source not in (None, "slurm", "kubernetes"):
+        raise typer.BadParameter(f"--inventory-source must be slurm or kubernetes, got {inventory_source!r}")
     try:
-        inv = Inventory.load(inventory, node or [], job or []) if inventory else Inventory(node or [], job or [])
+        source: Any = (SlurmSource() if inventory_source == "slurm" else
+                       KubernetesSource(k8s_namespace, k8s_job_label) if inventory_source == "kubernetes" else None)
+        kw: dict[str, Any] = {"source": source, "refresh_s": inventory_refresh}
+        inv = (Inventory.load(inventory, node or [], job or [], **kw) if inventory
+               else Inventory(node or [], job or [], **kw))
+        inv.refresh(to_seconds(utcnow()), force=True)
+        keyring = settings.decision_keyring()
         limits = SafetyLimits(max_drained_nodes=max_drained_nodes, max_drained_fraction=max_drained_fraction,
                               drain_window_s=drain_window, max_restarts_without_progress=max_restarts_without_progress,
                               rate_limit=rate_limit, rate_window_s=rate_window)
@@ -149,19 +172,30 @@ def actuate(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     executor = Executor(be, book, inv, Safety(limits), dry_run=dry_run, source=Source(cluster=cluster, node=socket.gethostname()),
-                        max_age_s=max_decision_age or None, clock=utcnow)
+                        max_age_s=max_decision_age or None, clock=utcnow, keyring=keyring)
     service = ActuatorService(executor, {"bootstrap.servers": bootstrap, **settings.kafka_security()},
                               settings.topic_prefix, group_id=group_id or f"{settings.topic_prefix}-actuator",
                               filter_jobs=filter_job, ready_file=ready_file,
                               session_timeout_s=settings.session_timeout_s,
                               heartbeat_interval_s=settings.heartbeat_interval_s)
     stop = threading.Event()
+    metrics = serve_metrics(settings, "actuator", metrics_port, metrics_host, "ActuatorMetrics")
+    if metrics is not None:
+        metrics.watch(service, stop)  # action results by outcome, decisions handled, the circuit breaker, lag
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     typer.echo(f"vigil actuate: backend {executor.backend_label}, ledger {ledger_path} ({book.count()} decisions), "
                f"{inv}, broker {bootstrap}", err=True)
+    if inv.last_error:
+        typer.echo(f"warning: the inventory source did not answer: {inv.last_error}", err=True)
+    if not keyring.keys and not keyring.allow_unsigned:
+        typer.echo("warning: no decision keys (VIGIL_DECISION_KEYS, or a `vigil up` stack's in the state "
+                   "directory): every decision will be refused", err=True)
+    elif keyring.allow_unsigned:
+        typer.echo("warning: VIGIL_ALLOW_UNSIGNED_DECISIONS is set: anyone who can write the decisions topic can "
+                   "make this actuator act (a development stack only)", err=True)
     if executor.safety.circuit_open:
         typer.echo(f"warning: the circuit breaker is open ({executor.safety.circuit_reason}); "
                    "no machine action until `vigil actuate --reset-circuit`", err=True)

@@ -8,7 +8,7 @@ from typing import List, Optional
 
 import typer
 
-from vigil.cli.common import app
+from vigil.cli.common import app, metrics_host_option, metrics_port_option
 
 
 def _d(name: str) -> object:
@@ -28,7 +28,7 @@ def agent(
     node: Optional[str] = typer.Option(None, help="Node name in every event (default: SLURMD_NODENAME, else the host name)."),
     cluster: str = typer.Option("default", help="Cluster name in every event."),
     job: Optional[str] = typer.Option(None, help="Job id (default: SLURM_JOB_ID or TORCHELASTIC_RUN_ID)."),
-    run: Optional[str] = typer.Option(None, help="Training run the job belongs to (one run across a chain of jobs)."),
+    run: Optional[str] = typer.Option(None, help="Training run the job belongs to: one run across a chain of jobs (default: VIGIL_RUN, else SLURM_ARRAY_JOB_ID)."),
     nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", min=1, help="Ranks to launch here (default: SLURM_GPUS_ON_NODE, else 1)."),
     nnodes: Optional[int] = typer.Option(None, min=1, help="Nodes in the job (default: SLURM_NNODES, else 1)."),
     node_rank: Optional[int] = typer.Option(None, min=0, help="This node's rank in the job (default: SLURM_NODEID, else 0)."),
@@ -47,7 +47,7 @@ def agent(
     disk: Optional[List[Path]] = typer.Option(None, help="Watch space and inodes of this path, e.g. checkpoint storage (repeatable)."),
     log_stale: Optional[List[str]] = typer.Option(None, help="PATH:SECONDS - a training log that must be written at least that often (repeatable)."),
     job_liveness: bool = typer.Option(False, help="Ask the scheduler (squeue) that --job is running or queued."),
-    no_gpu: bool = typer.Option(False, help="Do not start the NVML collectors (nor check the GPUs on joining)."),
+    no_gpu: bool = typer.Option(False, "--no-gpu", help="Do not start the NVML collectors (nor check the GPUs on joining)."),
     hooks_socket: Optional[Path] = typer.Option(
         None, help="Unix socket the training hooks send to (default: VIGIL_HOOKS_SOCKET, else /tmp/vigil-hooks.sock, "
         "the hooks' default too)."),
@@ -72,8 +72,25 @@ def agent(
     restart_backoff_max: float = typer.Option(_d("restart_backoff_max"), min=0.0, help="With --actuate: the longest backoff."),
     checkpoint_wait: float = typer.Option(
         _d("checkpoint_wait"), min=0.0, help="With --actuate: seconds the ranks get to save and exit before a checkpoint-restart."),
+    deadline: Optional[str] = typer.Option(
+        None, help="When the job must be gone: +20s, +3h, epoch seconds or an ISO 8601 time (default: "
+        "SLURM_JOB_END_TIME, else squeue's end time for the job; none outside Slurm)."),
+    warn_signal: str = typer.Option(
+        _d("warn_signal"), help="The scheduler's early warning (sbatch --signal=USR1@600): on it, save and leave. "
+        "Empty: none."),
+    term_grace: float = typer.Option(
+        _d("term_grace"), min=0.0, help="On SIGTERM (scancel, the time limit, a Kubernetes eviction): seconds the "
+        "ranks get to save and exit before they are stopped; keep it below Slurm's KillWait and the pod's grace. "
+        "0: stop at once."),
+    grace_safety: float = typer.Option(
+        _d("grace_safety"), min=1.0, help="Save and leave when the time left falls below this many times "
+        "(the longest recent step + the longest recent checkpoint), both measured by the hooks."),
+    checkpoint_estimate: float = typer.Option(
+        _d("checkpoint_estimate"), min=0.0, help="Seconds a checkpoint is assumed to take until the hooks measured one."),
     duration: Optional[float] = typer.Option(None, help="Stop after this many seconds (default: run until stopped)."),
     log_level: str = typer.Option("WARNING", help="Python log level of the agent."),
+    metrics_port: Optional[int] = metrics_port_option("agent"),
+    metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
     """Run the node agent: a node daemon (no command), or the launcher of one job's ranks on this node.
 
@@ -107,22 +124,33 @@ def agent(
     the job elsewhere, and the decision engine calls a human.
 
     \b
-    Exit codes: 0 every rank exited 0; the first failed rank's code
+    Long runs (a chain of jobs under a time limit; examples/slurm/): the
+    agent knows when the job must end (--deadline, SLURM_JOB_END_TIME or
+    squeue) and, when the time left falls below --grace-safety x (longest
+    step + longest checkpoint), asks the ranks to save and exit over their
+    control channel (the hooks' mon.start_control); so too on --warn-signal
+    and, within --term-grace, on SIGTERM. It reports "time_limit" or
+    "preempted" with the step saved, not a failure, and exits 0 so the next
+    job of the chain starts and resumes from that checkpoint.
+
+    \b
+    Exit codes: 0 every rank exited 0 (also after saving and leaving before
+    the time limit); the first failed rank's code
     (128 + signal if killed), as torchrun; 143 SIGTERM; 130 Ctrl-C;
     75 gave up (requeue the job elsewhere).
     """
     from vigil.broker import StackError
-    from vigil.cli.common import settings_and_logging
+    from vigil.cli.common import serve_metrics, settings_and_logging
     from vigil.services.agent import AgentOptions, NodeAgent, environment, from_environment, parse_log_stale
     from vigil.stack import resolve_bootstrap
 
     settings = settings_and_logging(log_level, logging.WARNING)
-    given = {k: v for k, v in dict(node=node, job=job, nproc_per_node=nproc_per_node, nnodes=nnodes,
+    given = {k: v for k, v in dict(node=node, job=job, run=run, nproc_per_node=nproc_per_node, nnodes=nnodes,
                                     node_rank=node_rank, master_addr=master_addr, master_port=master_port).items()
              if v is not None}
     try:
         opts = AgentOptions(
-            **{**from_environment(environment()), **given}, command=list(command or []), cluster=cluster, run=run,
+            **{**from_environment(environment()), **given}, command=list(command or []), cluster=cluster,
             watch_pid=list(watch_pid or []), heartbeat_interval=heartbeat_interval, gpu_interval=gpu_interval,
             xid_interval=xid_interval, kmsg_interval=kmsg_interval, nic_interval=nic_interval,
             watchdog_interval=watchdog_interval, kmsg=kmsg, nic_root=nic_root, disk=list(disk or []),
@@ -132,9 +160,17 @@ def agent(
             actuate=actuate, actuate_dry_run=actuate_dry_run, actuate_ledger=actuate_ledger,
             max_restarts_without_progress=max_restarts_without_progress, restart_grace=restart_grace,
             restart_backoff=restart_backoff, restart_backoff_max=restart_backoff_max, checkpoint_wait=checkpoint_wait,
-            duration=duration)
+            duration=duration, deadline=deadline, warn_signal=warn_signal, term_grace=term_grace,
+            grace_safety=grace_safety, checkpoint_estimate=checkpoint_estimate)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    if opts.deadline:
+        from vigil.producers.agent.walltime import parse_deadline
+
+        try:
+            parse_deadline(opts.deadline, 0.0)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--deadline") from None
     if opts.job_liveness and not opts.job:
         raise typer.BadParameter("--job-liveness needs --job")
     if opts.actuate and not (opts.job and opts.command):
@@ -153,6 +189,9 @@ def agent(
     except ActuatorError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    metrics = serve_metrics(settings, "agent", metrics_port, metrics_host, "AgentMetrics")
+    if metrics is not None:
+        metrics.watch(node_agent)  # its publisher (spool depth, failures), collectors, actuator results
     typer.echo(f"vigil agent on {node_agent.node}: {len(node_agent.collectors)} collectors, hooks socket "
                f"{node_agent.sock}, broker {bootstrap}"
                + (f", job {opts.job} ({opts.nproc_per_node} rank(s), node {opts.node_rank} of {opts.nnodes})"

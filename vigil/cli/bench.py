@@ -14,35 +14,82 @@ from vigil.cli.common import bench_app, console, err_console, fail, print_table,
 @bench_app.command("detectors")
 def bench_detectors(
     json_path: Path = typer.Option(Path("bench/results/detectors.json"), "--json", help="Where to write the results."),
-    traces: int = typer.Option(500, min=10, help="Labelled traces to generate (half of them clean)."),
-    seed: int = typer.Option(0, help="Seed of the trace generator."),
+    traces: int = typer.Option(500, min=10, help="Labelled fail-slow traces per evaluation seed (half clean)."),
+    tuning_seeds: str = typer.Option("0", help="Seeds the tuned detectors were tuned on (comma-separated); "
+                                               "the references of the general section are tuned on them."),
+    evaluation_seeds: str = typer.Option("2,3", help="Seeds every figure is reported on (comma-separated), "
+                                                     "disjoint from the tuning seeds."),
+    out_of_family: int = typer.Option(50, min=1, help="Out-of-family fail-slow cases per family and seed."),
+    general: bool = typer.Option(True, help="Run the general change-point section (needs ruptures)."),
+    per_family: int = typer.Option(70, min=5, help="General series per family and evaluation seed."),
 ) -> None:
-    """Score every change-point detector and baseline on labelled iteration-time traces.
+    """Score the change-point detectors on labelled series, on evaluation seeds apart from the tuning seeds.
 
-    Reports accuracy, false-positive and false-negative rates, detection
-    delay and onset error in iterations, and updates per second; also the
-    straggler localizer's accuracy and the ACF iteration-period error.
-    Writes JSON and prints a table.
+    Fail-slow: accuracy (with its never-alarming floor), false-positive and
+    false-negative rates with Wilson intervals, detection delay and onset
+    error in iterations, updates per second, on generated iteration-time
+    traces and on out-of-family cases (ramps, flapping, benign shifts after a
+    known event, restarts, checkpoint/eval blocks, warm-ups). General: F1
+    (margin 5) and covering of the streaming detector against ruptures'
+    Binseg and PELT, "zero" and BOCPD on ten families of series with
+    simulated annotators. Also the straggler localizer's accuracy and the
+    ACF iteration-period error. Writes JSON (with the machine's load before
+    and after, and this command) and prints tables.
     """
     require_server("bench detectors")
+    import sys
+
     from vigil.bench.detectors import run
 
+    def seeds(text: str) -> list[int]:
+        try:
+            return [int(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            fail(f"seeds must be comma-separated integers, got {text!r}")
+
+    command = " ".join(["vigil"] + sys.argv[1:])
     with console.status("generating traces...") as status:
-        result = run(str(json_path), n_traces=traces, seed=seed,
+        result = run(str(json_path), n_traces=traces, tuning_seeds=seeds(tuning_seeds),
+                     evaluation_seeds=seeds(evaluation_seeds), n_out_of_family=out_of_family, general=general,
+                     n_general_per_family=per_family, command=command,
                      progress=lambda what: status.update(f"scoring {what}..."))
     from rich import box
 
-    table = Table("detector", "acc", "fpr", "fnr", "fnr≥10", "delay50", "delay95", "onset", "upd/s",
-                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
-    table.columns[0].min_width = 14
     fmt = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
-    for name, r in result["detectors"].items():
-        table.add_row(name, fmt(r.get("accuracy")), fmt(r.get("fpr")), fmt(r.get("fnr")), fmt(r.get("fnr_ge10")),
-                      fmt(r.get("delay_median"), 0), fmt(r.get("delay_p95"), 0), fmt(r.get("onset_error_median"), 0),
-                      f"{r.get('updates_per_s', 0) / 1000:,.0f}k")
+    ci = lambda r, k: "" if not r.get(k + "_ci") else f" [{r[k + '_ci'][0]:.3f}, {r[k + '_ci'][1]:.3f}]"
+    table = Table("detector", "accuracy [95% CI]", "fpr", "fnr≥10", "delay50", "max", "upd/s",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False,
+                  title=f"fail-slow, evaluation seeds {result['evaluation_seeds']} "
+                        f"(tuned on {result['tuning_seeds']}), {result['traces']['n']} traces")
+    rows = list(result["detectors"].items()) + [("floor (never alarms)", result["floor"])]
+    for name, r in rows:
+        table.add_row(name, fmt(r.get("accuracy")) + ci(r, "accuracy"), fmt(r.get("fpr")), fmt(r.get("fnr_ge10")),
+                      fmt(r.get("delay_median"), 0), fmt(r.get("delay_max"), 0),
+                      f"{(r.get('updates_per_s') or 0) / 1000:,.0f}k")
     console.print(table)
+    names = list(result["detectors"])
+    oof = Table("case", "n", *names, "floor", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                title="out of family: accuracy")
+    for fam, row in result["out_of_family"].items():
+        oof.add_row(fam, str(row["n"]), *(fmt(row[nm]["accuracy"]) for nm in names), fmt(row["floor"]["accuracy"]))
+    console.print(oof)
+    g = result.get("general")
+    if g:
+        refs = g["references"]
+        gt = Table("family", "n", "f1", "cover", "zero f1", "zero cover", "binseg f1", "pelt f1", "bocpd f1",
+                   box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
+                   title=f"general: residual_cusum, {g['points_per_s']:,.0f} points/s")
+        for fam, r in g["families"].items():
+            gt.add_row(fam, str(r["n"]), fmt(r["f1"]), fmt(r["cover"]), fmt(refs["zero"]["families"][fam]["f1"]),
+                       fmt(refs["zero"]["families"][fam]["cover"]), fmt(refs["binseg"]["families"][fam]["f1"]),
+                       fmt(refs["pelt"]["families"][fam]["f1"]), fmt(refs["bocpd"]["families"][fam]["f1"]))
+        gt.add_row("all", str(g["n"]), fmt(g["f1"]) + ci(g, "f1"), fmt(g["cover"]) + ci(g, "cover"),
+                   fmt(refs["zero"]["f1"]), fmt(refs["zero"]["cover"]), fmt(refs["binseg"]["f1"]),
+                   fmt(refs["pelt"]["f1"]), fmt(refs["bocpd"]["f1"]))
+        console.print(gt)
     console.print(f"localizer accuracy {fmt((result.get('localizer') or {}).get('accuracy'))}, "
                   f"ACF median relative error {fmt((result.get('acf') or {}).get('rel_error_median'), 4)}")
+    console.print(f"load average before {result['load_avg_before']}, after {result['load_avg_after']}")
     console.print(f"written to {json_path}")
 
 
@@ -139,8 +186,9 @@ def bench_planners(
     random-fit and packing divided by the exact placement's, over
     QUALITY_SEEDS clusters (Arnold reports up to 1.67x). Writes JSON with
     microbatch_512_ms, waf_100jobs_10k_ms, placement_512of1024_ms,
-    placement_spread_vs_best_baseline and a detail section (sweeps, per-seed
-    quality, machine), and prints a table.
+    placement_spread_vs_best_baseline, command (this command line, every
+    option spelled out) and a detail section (sweeps, per-seed quality, the
+    machine and its load average before and after), and prints a table.
     """
     require_server("bench planners")
     from vigil.bench.planners import format_table, run
@@ -166,7 +214,9 @@ def bench_history(
     decisions and action results) is generated inside ClickHouse with INSERT
     ... SELECT FROM numbers(), in a temporary chDB directory; at the defaults
     it takes several minutes and a few GB of disk. Writes JSON
-    {"insert_rows_per_s", "queries": {NAME: seconds}, ...} and prints a table.
+    {"insert_rows_per_s", "queries": {NAME: seconds}, "command", ...} (command:
+    this command line, every option spelled out; the machine's load average
+    before and after in detail.machine) and prints a table.
     """
     require_server("bench history")
     from vigil.bench.history import format_table, run
@@ -211,9 +261,11 @@ def bench_policies(
     figure (not a bound).
 
     Writes JSON (policies: accumulated_waf, ettr_mean, failslow_slowdown_pct;
-    failslow_mitigated_pct; wall_s; targets; detail), a markdown summary and
-    a PNG plot of WAF over time next to it, and prints a table. Deterministic
-    for a seed.
+    failslow_mitigated_pct; wall_s; targets; command: this command line, every
+    option spelled out; detail, with the machine's load average before and
+    after), a markdown summary that names the command and a PNG plot of WAF
+    over time next to it, and prints a table. Deterministic for a seed (the
+    wall times aside).
     """
     require_server("bench policies")
     from vigil.bench.policies import format_table, run
@@ -347,3 +399,31 @@ def bench_scenarios(
     console.print(table)
     console.print(f"{result['passed']}/{result['total']} passed, {result['false_pages']} false page(s), "
                   f"{result['missed']} missed, {result['wall_s']} s; written to {json_path}")
+
+
+@bench_app.command("fuzz")
+def bench_fuzz(
+    json_path: Path = typer.Option(Path("bench/results/fuzz.json"), "--json", help="Where to write the results."),
+    messages: int = typer.Option(20_000, min=100, help="Messages to produce."),
+    malformed: float = typer.Option(0.35, min=0.0, max=1.0, help="Share of the messages that are malformed."),
+    seed: int = typer.Option(0, help="Seed of the generator."),
+) -> None:
+    """Garbage and edge-case events through the real loop (broker, worker, history sink, chDB).
+
+    Every message must end stored once or dead-lettered once; the sink must never stall and the
+    worker never die. Writes {"messages", "stored", "dead_lettered", "lost", "duplicated",
+    "sink_stalls", "worker_restarts", "wall_s"} (and a detail) as JSON; takes a few minutes.
+    """
+    require_server("bench fuzz")
+    from vigil.bench.fuzz import run
+
+    with console.status("starting...") as status:
+        result = run(str(json_path), messages=messages, malformed=malformed, seed=seed,
+                     progress=lambda what: status.update(what + "..."))
+    print_table(("messages", "stored", "dead-lettered", "lost", "duplicated", "sink stalls", "worker restarts", "wall s"),
+                [tuple(str(result[k]) for k in ("messages", "stored", "dead_lettered", "lost", "duplicated",
+                                                "sink_stalls", "worker_restarts", "wall_s"))])
+    console.print(f"malformed: {result['detail']['malformed_messages']:,} "
+                  f"({result['detail']['malformed_share']:.0%}); written to {json_path}")
+    if result["lost"] or result["duplicated"] or result["sink_stalls"]:
+        fail("messages were lost, duplicated or stalled the sink (see the JSON's detail)")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import logging
 import signal
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from vigil.settings import Settings
+from vigil.settings import METRICS_PORTS, Settings
 
 app = typer.Typer(
     help=(
@@ -85,3 +86,34 @@ def require_server(command: str) -> None:
                           f"{', '.join(missing)}: pip install 'vigil[server]' (this install has what "
                           "training processes and node agents need)")
         raise typer.Exit(2)
+
+
+def metrics_port_option(component: str) -> Any:
+    """The ``--metrics-port`` option of a long-running command (its default: :data:`vigil.settings.METRICS_PORTS`)."""
+    return typer.Option(None, "--metrics-port", min=0, max=65535, help=(
+        f"Port of this process's Prometheus /metrics (default: VIGIL_METRICS_PORT, else {METRICS_PORTS[component]}); "
+        "0: serve none."))
+
+
+def metrics_host_option() -> Any:
+    return typer.Option(None, "--metrics-host", help=(
+        "Address /metrics binds (default: VIGIL_METRICS_HOST, else 127.0.0.1, this host only; 0.0.0.0 lets a "
+        "Prometheus elsewhere scrape it)."))
+
+
+def serve_metrics(settings: Settings, component: str, port: Optional[int], host: Optional[str], kind: str,
+                  announce: bool = True) -> Any:
+    """``component``'s metrics (``kind``: a class name of :mod:`vigil.streams.metrics`), serving /metrics where
+    the options and settings say; None when the port is 0 or cannot be bound (a logged warning says so)."""
+    host, port = settings.metrics_address(component, port, host)
+    if port == 0:
+        return None
+    from vigil.streams import metrics as metrics_module
+
+    metrics = getattr(metrics_module, kind)()
+    url = metrics.serve(host, port)  # (a port it cannot bind is logged as a warning)
+    if url is None:
+        return None
+    if announce:
+        typer.echo(f"vigil {component}: /metrics on {url}", err=True)
+    return metrics

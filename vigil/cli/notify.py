@@ -11,7 +11,7 @@ import typer
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from vigil.cli.common import app
+from vigil.cli.common import app, metrics_host_option, metrics_port_option
 
 _HELP = """Forward incidents from <prefix>.alerts to Alertmanager, Slack, webhooks and email.
 
@@ -132,8 +132,10 @@ def notify(
     check: bool = typer.Option(False, "--check", help="Print the configured receivers (no secrets) and exit."),
     ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
     log_level: str = typer.Option("INFO", help="Python log level."),
+    metrics_port: Optional[int] = metrics_port_option("notify"),
+    metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
-    from vigil.cli.common import settings_and_logging
+    from vigil.cli.common import serve_metrics, settings_and_logging
     from vigil.streams.notify import DeliveryLedger, Notifier, PagePolicy
 
     settings = settings_and_logging(log_level, logging.INFO)
@@ -171,6 +173,9 @@ def notify(
                             settings.topic_prefix, group_id=group_id or f"{settings.topic_prefix}-notify",
                             ready_file=ready_file, session_timeout_s=settings.session_timeout_s,
                             heartbeat_interval_s=settings.heartbeat_interval_s)
+    metrics = serve_metrics(settings, "notify", metrics_port, metrics_host, "NotifyMetrics")
+    if metrics is not None:
+        metrics.watch(service, stop)  # alerts handled, deliveries by outcome, dead letters, lag
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

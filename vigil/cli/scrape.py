@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from vigil.cli.common import app
+from vigil.cli.common import app, metrics_host_option, metrics_port_option
 
 _HELP = """Read dcgm-exporter and node_exporter endpoints and publish vigil's node events.
 
@@ -53,8 +53,10 @@ def scrape(
     once: bool = typer.Option(False, "--once", help="Scrape once, publish, flush and exit (exit 1 if a target failed)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the events as JSON lines instead of publishing them."),
     log_level: str = typer.Option("INFO", help="Python log level."),
+    metrics_port: Optional[int] = metrics_port_option("scrape"),
+    metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
-    from vigil.cli.common import settings_and_logging
+    from vigil.cli.common import serve_metrics, settings_and_logging
     from vigil.producers.exporters import ScrapeError, Scraper, XidTracker, load_targets_file
     from vigil.producers.exporters.scraper import targets_from
     from vigil.schemas import Source, encode
@@ -119,6 +121,9 @@ def scrape(
     else:
         import signal
 
+        metrics = None if dry_run else serve_metrics(settings, "scrape", metrics_port, metrics_host, "ScrapeMetrics")
+        if metrics is not None:
+            metrics.watch(publisher)  # deliveries, failures, the spool's depth
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())

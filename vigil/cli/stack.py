@@ -11,12 +11,14 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from vigil.cli.common import app, console, err_console, fail, load_settings, require_server, schemas_app, \
-    tail_app, terminate_on_sigterm
+from vigil.cli.common import app, console, err_console, fail, load_settings, metrics_host_option, metrics_port_option, \
+    require_server, schemas_app, serve_metrics, tail_app, terminate_on_sigterm
 
 
 @app.command()
-def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (default: a free one).")) -> None:
+def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (default: a free one)."),
+       metrics_port: Optional[int] = metrics_port_option("history"),
+       metrics_host: Optional[str] = metrics_host_option()) -> None:
     """Run the embedded stack in the foreground: tansu broker, topics, ClickHouse history and its sink.
 
     Other vigil commands find it through the state directory
@@ -24,24 +26,42 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
     it stops everything it started.
     """
     from vigil.broker import StackError
-    from vigil.stack import EmbeddedStack
+    from vigil.secrets import redact_dsn
+    from vigil.stack import EMBEDDED_BROKER_WARNING, EmbeddedStack, ensure_stack_key
 
     require_server("up")
     settings = load_settings()
     terminate_on_sigterm()
     stack = EmbeddedStack(settings, port=port)
+    metrics = serve_metrics(settings, "history", metrics_port, metrics_host, "HistoryMetrics", announce=False)
+    if metrics is not None:
+        metrics.watch(stack)  # the sink's counters and lag, the embedded broker's restarts
     try:
         stack.start()
+        ensure_stack_key(settings)
     except (StackError, KeyboardInterrupt) as exc:
         fail(str(exc) or "interrupted")
     try:
         console.print(f"[green]vigil stack up[/green] (pid {os.getpid()})")
         console.print(f"  broker      {stack.bootstrap}   (export VIGIL_KAFKA_BOOTSTRAP={stack.bootstrap} for other tools)")
-        console.print(f"  history     {settings.resolved_clickhouse_dsn}  (database {settings.clickhouse_database})")
+        console.print(f"  history     {redact_dsn(settings.resolved_clickhouse_dsn)}  (database {settings.clickhouse_database})")
         console.print(f"  topics      {settings.topic_prefix}.*")
+        keys = ("VIGIL_DECISION_KEYS" if settings.decision_keys
+                else f"this stack's key, in {settings.stack_key_file} (workers and actuators in this state directory use it)")
+        console.print(f"  decisions   signed with {keys}")
+        if metrics is not None:
+            console.print(f"  metrics     {metrics.url}  (Prometheus: the history sink's own health)")
         console.print("  next        vigil worker  |  vigil tail alerts  |  vigil sql \"SELECT ...\"")
+        if stack.broker is not None:
+            err_console.print(f"[yellow]warning:[/yellow] {EMBEDDED_BROKER_WARNING}")
         console.print("Ctrl-C to stop.")
+        restarts = 0
         while not (problem := stack.failure()):
+            if stack.broker_restarts != restarts:
+                restarts = stack.broker_restarts
+                err_console.print(f"[yellow]warning:[/yellow] the embedded broker died and was started again on "
+                                  f"{stack.bootstrap} (restart {restarts}); unconsumed events and committed offsets "
+                                  f"were lost; recorded as a {settings.topic_prefix}.alerts incident")
             time.sleep(0.5)
         err_console.print(f"[red]error:[/red] {problem}; stopping the stack")
         code = 1
@@ -57,6 +77,8 @@ def up(port: Optional[int] = typer.Option(None, help="Broker port on 127.0.0.1 (
 def worker(
     ready_file: Optional[Path] = typer.Option(None, help="Write this file once partitions are assigned."),
     log_level: str = typer.Option("WARNING", help="Python log level (INFO logs every alert and decision)."),
+    metrics_port: Optional[int] = metrics_port_option("worker"),
+    metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
     """Run a detection worker: every detector on the telemetry, incidents to <prefix>.alerts, decisions.
 
@@ -65,7 +87,8 @@ def worker(
     decides. A worker that takes over partitions (a restart, a rebalance)
     rebuilds its state from the last VIGIL_RECOVERY_WINDOW_S seconds of the
     log and never publishes an alert or decision twice. Stop it with Ctrl-C
-    or SIGTERM.
+    or SIGTERM. Its own health (events consumed, lag, alerts, detector cost)
+    is on /metrics for Prometheus.
     """
     from vigil.broker import StackError
     from vigil.stack import resolve_bootstrap, stream_config
@@ -75,9 +98,12 @@ def worker(
     settings = load_settings()
     try:
         bootstrap = resolve_bootstrap(settings)
-    except StackError as exc:
+        keyring = settings.decision_keyring()
+    except (StackError, ValueError) as exc:
         fail(str(exc))
-    run_worker(stream_config(settings, bootstrap), ready_file=ready_file, loglevel=log_level)
+    metrics = serve_metrics(settings, "worker", metrics_port, metrics_host, "WorkerMetrics")
+    run_worker(stream_config(settings, bootstrap), ready_file=ready_file, loglevel=log_level,
+               sign=keyring.sign if keyring.can_sign else None, metrics=metrics)
 
 
 @app.command()
@@ -108,10 +134,18 @@ def sql(
 ) -> None:
     """Run SQL against the history (through the running stack when it owns the chDB directory).
 
-    Tables live in the database VIGIL_CLICKHOUSE_DATABASE (default vigil):
-    alerts, heartbeats, iterations, xid_errors, nic_counters, gpu_telemetry,
-    process_exits, training_exceptions, job_states, node_states, decisions,
-    actions, dead_letters.
+    Tables live in the database VIGIL_CLICKHOUSE_DATABASE (default vigil),
+    one per event type: iterations, iteration_steps, collectives,
+    checkpoints, xid_errors, nic_counters, gpu_telemetry, heartbeats,
+    process_exits, training_exceptions, flight_recorder_dumps, job_states,
+    node_states, agent_health, events_dropped, watchdog_reports, findings,
+    alerts, decisions, actions, dead_letters; the views of the SQL cookbook
+    (incidents, ettr, run_ettr, mttf_by_size, lemon_nodes, ...) on top.
+
+    Read-only: one SELECT, WITH, SHOW, DESCRIBE, EXPLAIN or EXISTS statement,
+    in ClickHouse's read-only mode; no table function that reaches files,
+    URLs or other servers. Through a running stack it sends the stack's
+    query token (from its stack.json).
     """
     from vigil.streams.history import HistoryError
     from vigil.stack import open_history
@@ -120,7 +154,7 @@ def sql(
     settings = load_settings()
     try:
         history = open_history(settings)
-        result = history.query(query)
+        result = history.query_read_only(query)
     except HistoryError as exc:
         _query_error(query, str(exc))
     if fmt == "json":
@@ -256,6 +290,8 @@ def migrate() -> None:
     from vigil.streams.history import HistoryError, HistoryStore
 
     require_server("migrate")
+    from vigil.secrets import redact_dsn
+
     settings = load_settings()
     try:
         store = HistoryStore(settings.resolved_clickhouse_dsn, settings.clickhouse_database)
@@ -264,7 +300,7 @@ def migrate() -> None:
         fail(str(exc))
     for line in done:
         console.print(f"  {line}")
-    console.print(f"history tables ready in {settings.resolved_clickhouse_dsn} ({settings.clickhouse_database})"
+    console.print(f"history tables ready in {redact_dsn(settings.resolved_clickhouse_dsn)} ({settings.clickhouse_database})"
                   + ("" if done else ": nothing to change"))
 
 
@@ -300,8 +336,15 @@ def replay(
     from vigil.streams.replay import replay as run_replay
 
     require_server("replay")
+    from vigil.streams.history import check_identifier
+
     settings = load_settings()
     t0, t1 = _parse_time(since, "--from"), _parse_time(until, "--to")
+    if database is not None:
+        try:
+            check_identifier(database)
+        except HistoryError as exc:
+            fail(f"--database: {exc}", 2)
     try:
         config = stream_config(settings, resolve_bootstrap(settings))
         store = HistoryStore(settings.resolved_clickhouse_dsn, database or settings.clickhouse_database)

@@ -89,6 +89,9 @@ class ActuatorService:
     (others are skipped and committed). ``clock`` is the only clock read.
     """
 
+    #: Counts what it publishes for /metrics (:class:`vigil.streams.metrics.PublishCounters`); None: nothing.
+    metrics: Any = None
+
     def __init__(self, executor: Executor, kafka_conf: dict[str, Any], prefix: str, *, group_id: str,
                  filter_jobs: Iterable[str] | None = None, clock: Callable[[], datetime] = utcnow,
                  ready_file: Path | None = None, batch_size: int = 100, poll_timeout_s: float = 0.2,
@@ -109,6 +112,7 @@ class ActuatorService:
         self.handled = 0
         self.dead_letters = 0
         self.busy = False
+        self._acting: str | None = None  # the action of the decision in hand (what its results are counted under)
         self.failure: BaseException | None = None
         self._last_tick = 0.0
         self._consumer = Consumer({
@@ -132,6 +136,8 @@ class ActuatorService:
         topic = topic_name(event.event_type, self.prefix)  # type: ignore[attr-defined]
         self._producer.produce(topic, encode(event), key=message_key(event))
         self._producer.poll(0)
+        if self.metrics is not None:
+            self.metrics.count([event], action=self._acting)
 
     def _flush(self, timeout_s: float = 30.0) -> None:
         left = self._producer.flush(timeout_s)
@@ -180,8 +186,10 @@ class ActuatorService:
                     if self.filter_jobs is not None and event.target.job not in self.filter_jobs:
                         continue
                     self.busy = True
+                    self._acting = event.action
                     try:
-                        self.executor.handle(event, self.clock(), emit=self.publish)
+                        self.executor.handle(event, self.clock(), emit=self.publish,
+                                             origin=f"{topic}/{partition}/{offset}")
                     except (sqlite3.Error, ActuatorError):
                         raise  # the ledger is unusable (or inconsistent): stop, uncommitted, and say so
                     except Exception as exc:  # a bug on one decision must not stop every later one
@@ -191,6 +199,7 @@ class ActuatorService:
                         self.dead_letters += 1
                     finally:
                         self.busy = False
+                        self._acting = None
                     self.handled += 1
                     if self.after_decision is not None:
                         self.after_decision(event)
@@ -255,7 +264,8 @@ class AgentActuator:
                  max_age_s: float | None = 600.0, group_id: str | None = None, session_timeout_s: float = 6.0,
                  heartbeat_interval_s: float = 1.0, ready_file: Path | None = None,
                  on_give_up: Callable[[str], None] | None = None, backoff_s: float = 1.0,
-                 backoff_max_s: float = 60.0, on_restart: Callable[[int, str], Any] | None = None) -> None:
+                 backoff_max_s: float = 60.0, on_restart: Callable[[int, str], Any] | None = None,
+                 keyring: Any = None) -> None:
         from vigil.actuators.inventory import Inventory
         from vigil.actuators.ledger import Ledger
         from vigil.actuators.safety import Safety, SafetyLimits
@@ -267,9 +277,14 @@ class AgentActuator:
         backend = LocalBackend(self.control, control_dir, node=node, checkpoint_wait_s=checkpoint_wait_s)
         progress = getattr(batcher, "highest_step", None)
         self.ledger = Ledger(ledger_path, now=to_seconds(utcnow()))
+        if keyring is None:  # the decision keys of the agent's settings (VIGIL_DECISION_KEYS, or its stack's)
+            from vigil.settings import Settings
+
+            keyring = Settings().decision_keyring()
         self.executor = Executor(backend, self.ledger, Inventory(nodes=[node], jobs=[job]),
                                  Safety(limits or SafetyLimits(), progress=progress), dry_run=dry_run,
-                                 source=Source(cluster=cluster, node=node), max_age_s=max_age_s, clock=utcnow)
+                                 source=Source(cluster=cluster, node=node), max_age_s=max_age_s,
+                                 actions=LocalBackend.supports, clock=utcnow, keyring=keyring)
         self.service = ActuatorService(self.executor, kafka_conf, prefix,
                                        group_id=group_id or f"{prefix}-agent-actuator-{node}-{job}",
                                        filter_jobs=[job], ready_file=ready_file, session_timeout_s=session_timeout_s,

@@ -14,8 +14,10 @@ end from looking like a failure: ``joined`` (after the node's health checks)
 or ``unhealthy`` when it starts; the job ``running``, ``restarting``, and
 how it ended; ``leaving`` when it stops cleanly. Exit codes:
 
-* ``0`` every rank exited 0; otherwise torchrun's rule (the first failed
-  rank's code, 128 + signal when killed);
+* ``0`` every rank exited 0 (also when it left on purpose before its time
+  limit or on the scheduler's warning, having saved: the next job of the
+  chain resumes); otherwise torchrun's rule (the first failed rank's code,
+  128 + signal when killed);
 * ``143`` stopped by SIGTERM (scancel, an eviction), ``130`` by Ctrl-C;
 * ``75`` (EX_TEMPFAIL) gave up: restarts exhausted without progress, or a
   decision a per-job agent cannot carry out (moving the job elsewhere):
@@ -88,6 +90,17 @@ class AgentOptions:
     restart_backoff_max: float = 60.0
     checkpoint_wait: float = 120.0
     duration: float | None = None
+    deadline: str | None = None
+    warn_signal: str = "USR1"
+    term_grace: float = 25.0
+    grace_safety: float = 2.0
+    checkpoint_estimate: float = 120.0
+
+
+#: How often the agent compares the time left with the grace a save needs.
+WALLTIME_TICK_S = 1.0
+#: An early-warning signal this close to a known end time warns of the time limit (else of a preemption).
+WARNING_WINDOW_S = 3600.0
 
 
 def first_host(nodelist: str) -> str:
@@ -137,6 +150,10 @@ def from_environment(env: Mapping[str, str]) -> dict[str, Any]:
         out["master_port"] = 20000 + int(env["SLURM_JOB_ID"]) % 20000  # one port per job, the same on every node
     if env.get("SLURM_GPUS_ON_NODE", "").isdigit():
         out["nproc_per_node"] = int(env["SLURM_GPUS_ON_NODE"])
+    if env.get("VIGIL_RUN"):
+        out["run"] = env["VIGIL_RUN"]
+    elif env.get("SLURM_ARRAY_JOB_ID"):  # a job array run one element at a time: one training run
+        out["run"] = env["SLURM_ARRAY_JOB_ID"]
     return out
 
 
@@ -162,6 +179,9 @@ class NodeAgent:
         self.batcher = NodeBatcher(str(self.sock), self.publisher)
         self.stop_event = threading.Event()
         self.signal: int | None = None
+        #: (how it leaves: time_limit | preempted | cancelled, why, when it asked the ranks to save)
+        self.leaving: tuple[str, str, float] | None = None
+        self.deadline = self._deadline()
         self.supervisor: Any = None
         self.actuator: Any = None
         self.collectors = self._collectors()
@@ -197,7 +217,8 @@ class NodeAgent:
             # have waited out their settling time (1 s): polling its children costs one waitpid each.
             self.supervisor = ProcessSupervisor(0.1, self.source, o.command, o.nproc_per_node, nnodes=o.nnodes,
                                                 node_rank=o.node_rank, master_addr=o.master_addr,
-                                                master_port=o.master_port, env=env)
+                                                master_port=o.master_port, env=env,
+                                                ignore_signals=[w] if (w := self._warn_signal()) else [])
         return out
 
     def _runner(self, kafka_conf: dict[str, Any], prefix: str, state_dir: Path, session_timeout_s: float,
@@ -233,9 +254,90 @@ class NodeAgent:
         self.stop_event.set()
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        if self.signal is None and not self.stop_event.is_set():
-            self.signal = signum  # stopped from outside (scancel, an eviction): the job is cancelled
+        import time
+
+        if signum == self._warn_signal():
+            now = time.time()
+            left = self.deadline - now if self.deadline is not None else self._grace()
+            # Slurm's --signal=SIG@T warns T seconds before the time limit: with the end known and near, that is
+            # what it is; otherwise a preemption notice
+            how = "time_limit" if self.deadline is not None and left <= WARNING_WINDOW_S else "preempted"
+            self._leave(how, f"{signal.Signals(signum).name}: the scheduler's early warning", left)
+            return
+        first = self.signal is None and not self.stop_event.is_set()
+        if first:
+            self.signal = signum  # stopped from outside (scancel, an eviction, the time limit)
+        if signum == signal.SIGTERM and self.opts.term_grace > 0 and self.supervisor is not None:
+            # Slurm sends SIGTERM at the time limit (SIGKILL KillWait later), Kubernetes on eviction
+            # (SIGKILL after the pod's grace): save within our grace, then stop
+            at_limit = self.deadline is not None and time.time() >= self.deadline - 5.0
+            self._leave("time_limit" if at_limit else "cancelled", "SIGTERM", self.opts.term_grace)
+            return
         self.stop_event.set()
+
+    # -- leaving on purpose: the time limit, the scheduler's warning, SIGTERM with a grace ---------------------
+    def _warn_signal(self) -> int | None:
+        name = self.opts.warn_signal.upper().removeprefix("SIG")
+        return getattr(signal, f"SIG{name}", None) if name else None
+
+    def _deadline(self) -> float | None:
+        import time
+
+        from vigil.producers.agent.walltime import parse_deadline, slurm_end_time
+
+        if self.opts.deadline:
+            return parse_deadline(self.opts.deadline, time.time())
+        return slurm_end_time(environment()) if self.opts.command else None  # a node daemon has no job to end
+
+    def _grace(self) -> float:
+        from vigil.producers.agent.walltime import grace_s
+
+        step, ckpt, _ = self.batcher.timings(self.opts.job) if self.opts.job else (None, None, None)
+        return grace_s(step, ckpt, safety=self.opts.grace_safety, default_checkpoint_s=self.opts.checkpoint_estimate)
+
+    def _leave(self, how: str, why: str, limit_s: float) -> None:
+        """Ask every rank to save and exit; stop them if they are not gone within ``limit_s``.
+
+        Asked again (SIGTERM after the early warning), only the shorter limit counts.
+        """
+        import time
+
+        from vigil.schemas.control import ControlError, control_path, send_command
+
+        if self.supervisor is None:
+            self.stop_event.set()
+            return
+        threading.Timer(max(0.0, limit_s), self.stop_event.set).start()
+        if self.leaving is not None:
+            return
+        self.leaving = (how, why, time.time())
+        asked = 0
+        for rank in self.supervisor.global_ranks:
+            try:
+                send_command(control_path(self.opts.job or "local", rank, self.opts.control_dir), "save_and_exit",
+                             timeout_s=2.0)
+                asked += 1
+            except (ControlError, OSError):
+                pass
+        log.warning("%s: asked %d rank(s) to save and exit; stopping them in %.0f s if they have not",
+                    why, asked, limit_s)
+        if asked == 0:  # no control channel: nothing to wait for
+            self.stop_event.set()
+
+    def _watch_deadline(self) -> None:
+        """Every second: leave when the time left falls below the grace (what a step and a save need)."""
+        import time
+
+        from vigil.producers.agent.walltime import due
+
+        while not self.stop_event.wait(WALLTIME_TICK_S) and self.leaving is None:
+            if self.batcher.timings(self.opts.job or "")[0] is None:
+                continue  # no step yet: nothing to save (a start-up longer than the job's time is the scheduler's)
+            now = time.time()
+            grace = self._grace()
+            if due(self.deadline, now, grace + WALLTIME_TICK_S):  # checked once a tick: up to one tick late
+                self._leave("time_limit", f"time limit at {self.deadline:.0f}: {self.deadline - now:.1f} s left, "  # type: ignore[operator]
+                            f"a step and a checkpoint need {grace:.1f} s", max(0.0, self.deadline - now))  # type: ignore[operator]
 
     # -- running -------------------------------------------------------------------------------------------
     def health(self) -> dict[str, str]:
@@ -267,6 +369,11 @@ class NodeAgent:
             self.lifecycle.job("running", f"launched {self.opts.nproc_per_node} rank(s) on {self.node}")
         if self.actuator is not None:
             self.actuator.start()
+        warn = self._warn_signal()
+        if warn is not None:
+            signal.signal(warn, self._on_signal)
+        if self.deadline is not None and self.supervisor is not None:
+            threading.Thread(target=self._watch_deadline, name="vigil-walltime", daemon=True).start()
         try:
             code = self.runner.run(duration_s=self.opts.duration, stop=self.stop_event, keep_publisher=True)
         finally:
@@ -284,6 +391,8 @@ class NodeAgent:
             return EXIT_SIGTERM if self.signal == signal.SIGTERM else 0
         codes = {self.supervisor.node_rank * self.supervisor.nproc + lr: rc
                  for lr, rc in self.supervisor.returncodes.items()}
+        if self.leaving is not None:
+            return self._left(code, codes)
         if self.signal is not None:
             self.lifecycle.job("cancelled", f"stopped by signal {signal.Signals(self.signal).name}", codes)
             return EXIT_SIGTERM if self.signal == signal.SIGTERM else EXIT_SIGINT
@@ -296,6 +405,36 @@ class NodeAgent:
         if self.supervisor.done:
             self.lifecycle.job("failed", f"a rank failed (exit {code}) and this agent does not restart ranks", codes)
         return code
+
+
+    def _left(self, code: int, codes: dict[int, int]) -> int:
+        """It left on purpose: say where the next job resumes from; 0 when every rank saved.
+
+        Saved means every rank here completed a checkpoint after it was asked
+        (a rank stopped while tearing down after its save still saved).
+        """
+        import time
+
+        how, why, asked_at = self.leaving  # type: ignore[misc]
+        job = self.opts.job or ""
+        _, _, last = self.batcher.timings(job)
+        saved = last is not None and self.batcher.saved_since(job, asked_at, self.supervisor.global_ranks)
+        if saved:
+            step, took = last  # type: ignore[misc]
+            exits = "every rank exited 0" if code == 0 else f"stopped while exiting ({code})"
+            reason = f"{why}: checkpoint at step {step} saved in {took:.1f} s; {exits}"
+            self.lifecycle.job(how, reason, codes, checkpoint_step=step, checkpoint_s=took)
+        else:
+            reason = f"{why}: the ranks did not save within the time left ({time.time() - asked_at:.0f} s)"
+            self.lifecycle.job(how, reason, codes)
+        if how == "cancelled":
+            return EXIT_SIGTERM
+        if saved and self.opts.node_rank == 0:  # one agent of the job says where the chain goes on
+            from vigil.producers.agent.walltime import queued_successors
+
+            for nxt in queued_successors(environment()):
+                self.lifecycle.queued(nxt, f"queued to continue job {job} from step {last[0]}")  # type: ignore[index]
+        return 0 if saved else (code or EXIT_GAVE_UP)
 
 
 def parse_log_stale(specs: Sequence[str]) -> dict[str, float]:

@@ -1,0 +1,130 @@
+"""The fail-slow benchmark's matching and scoring on hand-made traces of known answer."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from vigil.bench.detectors import NeverAlarm, ONSET_TOLERANCE, evaluate, run_detector, score_trace
+from vigil.detectors.base import Finding
+from vigil.sim.traces import InjectedFailSlow, IterationTrace
+
+
+def _trace(episodes=(), n=1000, trace_id=0):
+    """A flat 1 s trace; ``episodes`` are (onset, recovery or None, step)."""
+    eps = tuple(InjectedFailSlow(onset=o, recovery=r, cause="computation", location="gpu:0", severity=s,
+                                 slowdown=s, step=s, recovery_step=math.nan if r is None else s / (1 + s),
+                                 duration_s=1.0, onset_time=float(o), recovery_time=None if r is None else float(r))
+                for o, r, s in episodes)
+    x = np.ones(n)
+    return IterationTrace(trace_id=trace_id, seed=0, iteration_times=x, timestamps=np.cumsum(x), expected=x,
+                          base_iteration_time=1.0, compute_fraction=0.7, n_gpus=8, jitter=0.01, fail_slows=eps,
+                          gc_iterations=np.empty(0, int), checkpoint_iterations=np.empty(0, int),
+                          spike_iterations=np.empty(0, int))
+
+
+SLOW = _trace([(400, 700, 0.3)])
+CLEAN = _trace()
+SMALL = _trace([(400, 700, 0.05)])  # 5 %: not required
+
+
+def test_perfect_detector_is_correct():
+    s = score_trace(SLOW, [(403, 400, "fail_slow"), (703, 700, "recovery")])
+    assert s["correct"] and s["scored"] and s["fp"] == 0
+    assert s["detected"] == {0: (3, 0)} and s["rec_found"] == 1
+
+
+def test_never_alarming_detector_misses_and_is_right_on_clean_traces():
+    s = score_trace(SLOW, [])
+    assert not s["correct"] and s["detected"] == {}
+    assert score_trace(CLEAN, [])["correct"]
+
+
+def test_faulty_trace_without_required_episode_is_not_scored():
+    s = score_trace(SMALL, [])
+    assert not s["scored"]
+
+
+def test_always_alarming_detector_is_wrong():
+    changes = [(i, i, "fail_slow") for i in range(len(SLOW))]
+    s = score_trace(SLOW, changes)
+    assert 0 in s["detected"]  # the alarm at the onset matches
+    assert s["fp"] == len(SLOW) - 1 and not s["correct"]
+
+
+@pytest.mark.parametrize("k,hit", [(0, True), (ONSET_TOLERANCE, True), (ONSET_TOLERANCE + 1, False)])
+def test_onset_late_by_k(k, hit):
+    s = score_trace(SLOW, [(430, 400 + k, "fail_slow")])
+    assert (0 in s["detected"]) is hit
+    assert s["fp"] == (0 if hit else 1)
+
+
+def test_alarm_after_the_episode_ended_does_not_count():
+    s = score_trace(SLOW, [(700, 400, "fail_slow")])
+    assert s["detected"] == {} and s["fp"] == 1
+
+
+def test_second_alarm_for_one_episode_is_a_false_positive():
+    s = score_trace(SLOW, [(403, 400, "fail_slow"), (410, 401, "fail_slow")])
+    assert s["fp"] == 1 and not s["correct"]
+
+
+def test_recovery_alarm_that_is_no_recovery_is_a_false_positive():
+    s = score_trace(CLEAN, [(40, 30, "recovery")])
+    assert s["fp"] == 1 and s["fp_recovery"] == 1 and not s["correct"]
+    s = score_trace(SLOW, [(403, 400, "fail_slow"), (600, 590, "recovery")])
+    assert s["fp_recovery"] == 1 and not s["correct"]
+
+
+def test_recovery_reported_before_it_happened_does_not_match():
+    s = score_trace(SLOW, [(403, 400, "fail_slow"), (699, 700, "recovery")])
+    assert s["fp_recovery"] == 1
+
+
+class _Scripted:
+    """A detector that reports a fail-slow ``delay`` updates after each true onset of the trace it is told."""
+
+    def __init__(self, onsets, delay):
+        self._onsets = set(onsets)
+        self._delay = delay
+        self._i = -1
+        self.change_detected = False
+        self.last_change = None
+
+    def update(self, x, *, t):
+        self._i += 1
+        o = self._i - self._delay
+        self.change_detected = o in self._onsets
+        if self.change_detected:
+            self.last_change = Finding("fail_slow", 3, float(o), t, {"onset_index": o})
+
+
+def test_evaluate_floor_perfect_and_late_detectors():
+    traces = [CLEAN, SLOW, SMALL]
+    floor = evaluate(NeverAlarm, traces)
+    assert floor["n_scored"] == 2 and floor["faulty_without_required"] == 1
+    assert floor["accuracy"] == 0.5 and floor["fpr"] == 0.0 and floor["fnr_ge10"] == 1.0
+    lo, hi = floor["accuracy_ci"]
+    assert lo < 0.5 < hi
+    # one scripted detector for all traces: it knows the onsets of SLOW (400) and of SMALL (400)
+    for k in (2, 7):
+        m = evaluate(lambda: _Scripted([400], k), [SLOW])
+        assert m["accuracy"] == 1.0 and m["fnr_ge10"] == 0.0
+        assert m["delay_median"] == k and m["delay_max"] == k and m["delay_n"] == 1
+        assert m["delay_median_ge20"] == k and m["delay_p99"] is None  # no p99 from one sample
+    always_wrong = evaluate(lambda: _Scripted([100], 0), [CLEAN])
+    assert always_wrong["fpr"] == 1.0 and always_wrong["accuracy"] == 0.0
+
+
+def test_run_detector_restarts_at_known_events():
+    made = []
+
+    def make():
+        made.append(_Scripted([5], 0))
+        return made[-1]
+
+    changes, _ = run_detector(make, _trace(n=50), events=[20])
+    assert len(made) == 2
+    assert changes == [(5, 5, "fail_slow"), (25, 25, "fail_slow")]  # onsets in the trace's indices

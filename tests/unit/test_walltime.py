@@ -1,0 +1,105 @@
+"""The walltime rules (grace, due, deadlines, the scheduler's answers) and the run-chain watch; time is an argument."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from vigil.detectors.chain import RunChain
+from vigil.producers.agent.walltime import due, grace_s, parse_deadline, queued_successors, slurm_end_time
+from vigil.schemas import JobState, Source, from_seconds
+
+
+def test_grace_is_safety_times_longest_step_plus_checkpoint():
+    # steps of 1.5 s and 2.0 s, checkpoints of 40 s and 55 s: the longest of each, twice
+    assert grace_s(2.0, 55.0) == pytest.approx(2 * (2.0 + 55.0))
+    assert grace_s(2.0, 55.0, safety=3.0) == pytest.approx(3 * 57.0)
+    # before the hooks measured anything the operator's estimate stands in
+    assert grace_s(2.0, None, default_checkpoint_s=120.0) == pytest.approx(2 * 122.0)
+    with pytest.raises(ValueError):
+        grace_s(1.0, 1.0, safety=0.5)
+
+
+def test_due_when_time_left_falls_below_grace():
+    deadline, grace = 10_000.0, grace_s(2.0, 55.0)  # 114 s
+    assert not due(deadline, deadline - 114.1, grace)
+    assert due(deadline, deadline - 114.0, grace)
+    assert due(deadline, deadline + 5.0, grace)  # past it: at once
+    assert not due(None, 1e12, grace)  # no known end: never
+
+
+def test_deadline_forms():
+    assert parse_deadline("+90m", 1000.0) == 1000.0 + 5400
+    assert parse_deadline("1795566000", 0.0) == 1795566000.0
+    assert parse_deadline("2026-11-25T00:00:00+00:00", 0.0) == 1795564800.0
+    with pytest.raises(ValueError, match="not a deadline"):
+        parse_deadline("tomorrow", 0.0)
+
+
+def _squeue(stdout: str, code: int = 0):
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, code, stdout=stdout, stderr="")
+    return run, calls
+
+
+def test_end_time_from_the_environment_then_squeue():
+    assert slurm_end_time({"SLURM_JOB_END_TIME": "1795566000"}) == 1795566000.0
+    run, calls = _squeue("N/A\n")
+    assert slurm_end_time({"SLURM_JOB_ID": "7"}, run=run) is None and calls[0][:4] == ["squeue", "-h", "-j", "7"]
+    run, _ = _squeue("", code=1)
+    assert slurm_end_time({"SLURM_JOB_ID": "7"}, run=run) is None
+
+
+def test_queued_successors_of_an_array_and_of_a_named_chain():
+    run, calls = _squeue("4711_3\n")
+    assert queued_successors({"SLURM_JOB_ID": "4712", "SLURM_ARRAY_JOB_ID": "4711"}, run=run) == ["4711_3"]
+    assert "-r" in calls[0] and "PENDING" in calls[0]
+    run, calls = _squeue("900\n901\n")
+    env = {"SLURM_JOB_ID": "900", "SLURM_JOB_NAME": "llm", "USER": "ada"}
+    assert queued_successors(env, run=run) == ["901"]  # itself is not its successor
+    assert queued_successors({"SLURM_JOB_ID": "1"}, run=run) == []  # nothing names the chain
+
+
+def _state(job: str, state: str, t: float, run: str = "r", step: int | None = None) -> JobState:
+    return JobState(event_time=from_seconds(t), source=Source(job=job), state=state, run=run, checkpoint_step=step)
+
+
+def test_chain_broken_after_timeout_and_cleared_by_the_next_job():
+    chain = RunChain(timeout_s=600.0)
+    chain.observe(_state("1", "running", 0.0), now=0.0)
+    chain.observe(_state("1", "time_limit", 1000.0, step=480), now=1000.0)
+    assert chain.tick(1599.9) == []
+    (status, run, f), = chain.tick(1600.0)
+    assert (status, run, f.kind, f.severity, f.onset) == ("raised", "r", "chain_broken", 2, 1000.0)
+    assert f.evidence["checkpoint_step"] == 480 and f.evidence["last_job"] == "1"
+    assert chain.tick(1700.0) == []  # raised once
+    chain.observe(_state("2", "running", 1800.0), now=1800.0)
+    assert [(s, r) for s, r, _ in chain.tick(1800.0)] == [("cleared", "r")]
+
+
+@pytest.mark.parametrize("ending", ["completed", "failed", "cancelled"])
+def test_a_run_that_ended_is_no_broken_chain(ending):
+    chain = RunChain(timeout_s=10.0)
+    chain.observe(_state("1", ending, 0.0), now=0.0)
+    assert chain.tick(1e6) == []
+
+
+def test_a_queued_successor_keeps_the_chain_alive_and_its_start_replaces_it():
+    chain = RunChain(timeout_s=10.0)
+    chain.observe(_state("4711_2", "pending", 0.0), now=0.0)  # announced by the job that left
+    chain.observe(_state("4712", "time_limit", 0.0), now=0.0)
+    assert chain.tick(1e4) == []  # queued, however long
+    chain.observe(_state("4713", "running", 2e4), now=2e4)  # the array element runs under its own id
+    chain.observe(_state("4713", "time_limit", 3e4), now=3e4)  # and leaves with nothing queued
+    assert [s for s, _, _ in chain.tick(3e4 + 10.0)] == ["raised"]
+
+
+def test_jobs_without_a_run_and_old_breaks_are_ignored():
+    chain = RunChain(timeout_s=10.0, horizon_s=100.0)
+    chain.observe(JobState(event_time=from_seconds(0.0), source=Source(job="x"), state="time_limit"), now=0.0)
+    chain.observe(_state("1", "time_limit", 0.0), now=5000.0)  # read from an old log, long after
+    assert chain.tick(5000.0) == []

@@ -1,0 +1,534 @@
+"""``vigil bench fuzz``: garbage and edge-case events through the real loop; nothing lost, nothing twice.
+
+A seeded generator makes Kafka messages of every kind a careless producer or
+an attacker could write, and knows, for each, what must become of every item
+in it (the ground truth; the code under test is never asked):
+
+* **good** events of every type on their own topics, single and batched, at
+  the edges of their bounds (Int64 limits, 256-character names, GPU 1023,
+  1970 and 2261), unicode text, events sent without ``event_id`` (their id
+  derived from content: :func:`vigil.schemas.content_id`), messages sent twice;
+* **malformed** ones: not JSON, truncated, binary, empty (no value, ``[]``),
+  nested 100k deep, huge (1-3 MB), JSON scalars, an unknown type or version,
+  a missing field, ``"seq": true``, ``"version": "1"``, ints past 64 bits,
+  negative counts, NaN and 1e400, naive or out-of-range times, names with NUL,
+  newline, bidi overrides or ``ALL,x``, an explicit null id, extra fields, a
+  decision on a telemetry topic, and batches that mix good items and bad ones.
+
+Every message goes through a real broker to a real detection worker (its own
+process, restarted if it dies: ``worker_restarts``) and the history sink
+into chDB. An item is **stored** when its event id is in its table, and
+**dead-lettered** when the dead-letter table holds a row for its message
+(topic, partition, offset) for it. The verdict per message:
+
+* ``stored``: every item stored once;
+* ``dead_lettered``: every bad item dead-lettered once, the good ones stored once;
+* ``lost``: some item neither, when the history had settled;
+* ``duplicated``: some item stored or dead-lettered more than once (physical rows).
+
+``sink_stalls`` counts the times the sink waited on the store (there is no
+store outage here, so any is a stall on a message) or died. Dead letters the
+worker writes for valid events its detectors will not use (``refused``:
+dated ahead of its clock) are reported apart (``refused_by_worker``): those
+events are stored too.
+
+JSON: ``{"messages", "stored", "dead_lettered", "lost", "duplicated",
+"sink_stalls", "worker_restarts", "wall_s", "detail"}``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from vigil.schemas import EVENT_TYPES, topic_name
+from vigil.schemas.envelope import EARLIEST, LATEST
+from vigil.schemas.tables import TABLE_SPECS
+
+INT64_MAX = 2**63 - 1
+#: The namespace of ids derived from content, as documented (vigil.schemas.codec.content_id); the
+#: generator derives the ids it expects itself, rather than asking the code under test.
+_CONTENT_NS = uuid.UUID("3d0c6f2a-9a7e-4f44-b1c5-8a0e2e6c4b71")
+
+
+def derived_id(obj: dict[str, Any]) -> str:
+    """The documented id of an event sent without one: UUIDv5 of its canonical JSON (all but event_id)."""
+    body = {k: v for k, v in obj.items() if k != "event_id"}
+    return str(uuid.uuid5(_CONTENT_NS, json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)))
+
+__all__ = ["Expect", "Message", "Generator", "account", "run"]
+
+GOOD, BAD = "good", "bad"
+
+
+@dataclass
+class Expect:
+    """What must become of one item: stored in ``table`` under ``event_id``, or dead-lettered."""
+
+    kind: str  # GOOD or BAD
+    table: str | None = None
+    event_id: str | None = None
+
+
+@dataclass
+class Message:
+    topic_type: str  # the event type whose topic it goes to (its topic: topics.TOPICS)
+    key: bytes
+    value: bytes | None
+    items: list[Expect]
+    label: str
+    #: Set once produced: where it landed.
+    partition: int = -1
+    offset: int = -1
+
+    @property
+    def malformed(self) -> bool:
+        return any(e.kind == BAD for e in self.items)
+
+
+def _iso(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
+
+
+class Generator:
+    """Seeded messages, good and malformed, each with what must become of its items."""
+
+    def __init__(self, seed: int = 0, now: datetime | None = None) -> None:
+        self.rng = random.Random(seed)
+        self.now = now or datetime.now(timezone.utc)
+        self.sent: list[Message] = []
+
+    # -- good events -----------------------------------------------------------------------------
+
+    def _id(self) -> str:
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+    def _time(self) -> datetime:
+        return self.now - timedelta(seconds=self.rng.uniform(0, 600))
+
+    def _name(self, prefix: str) -> str:
+        r = self.rng.random()
+        if r < 0.03:
+            return "n" * 256  # at the length bound
+        if r < 0.06:
+            return "gpu-07.rack_3:a/b@c+d=e"  # every allowed character
+        return f"{prefix}{self.rng.randrange(40)}"
+
+    def _text(self) -> str:
+        return self.rng.choice(["", "plain", "ünïcödé ✓ 日本語 🚀", "tab\there\nnewline", "x" * 5000,
+                                "\u202e override in free text", "quote\" and \\ backslash"])
+
+    def event(self, event_type: str | None = None, edge: bool = False) -> dict[str, Any]:
+        """A valid event as a JSON object (``edge``: fields at their bounds)."""
+        et = event_type or self.rng.choice(_GOOD_TYPES)
+        t = self._time()
+        node, job = self._name("node-"), self._name("job-")
+        base: dict[str, Any] = {"event_type": et, "version": 1, "event_id": self._id(), "event_time": _iso(t),
+                                "source": {"cluster": "fuzz", "node": node, "job": job}}
+        big = INT64_MAX if edge else self.rng.randrange(10**6)
+        if et == "heartbeat":
+            base |= {"seq": big, "interval_s": self.rng.choice([0.5, 1, 10.0])}
+            base["source"].pop("job")
+        elif et == "gpu_telemetry":
+            base["source"]["gpu"] = 1023 if edge else self.rng.randrange(8)
+            base |= {"utilization_pct": self.rng.choice([0, 100, 55.5]), "memory_used_bytes": big,
+                     "temperature_c": self.rng.uniform(-40, 120), "nvlink_errors": {"crc": 2**64 - 1 if edge else 3}}
+        elif et == "nic_counters":
+            base |= {"device": "mlx5_0", "port": 1, "counters": {"rx_bytes": 2**64 - 1 if edge else 10,
+                                                                 "np_cnp_sent": self.rng.randrange(100)}}
+        elif et == "iteration":
+            start = t - timedelta(seconds=1)
+            base |= {"step": big, "start": _iso(start), "end": _iso(t), "duration_s": 1.0, "compute_s": 0.7,
+                     "communication_s": 0.3, "dp": 0, "pp": 0, "tp": 0}
+            base["source"]["rank"] = big
+        elif et == "iteration_step":
+            n = self.rng.randrange(1, 6)
+            start = t - timedelta(seconds=1)
+            base |= {"step": big, "start": _iso(start), "end": _iso(t), "duration_s": 1.0,
+                     "ranks": list(range(n)), "nodes": [node] * n, "gpus": [min(i, 1023) for i in range(n)],
+                     "compute_s": [0.7] * n, "communication_s": [0.3] * n, "dp": [0] * n, "pp": [0] * n, "tp": [0] * n}
+        elif et == "xid":
+            base |= {"code": self.rng.choice([13, 31, 48, 79, 94, 999]), "message": self._text(),
+                     "raw_line": self._text()}
+        elif et == "process_exit":
+            base |= {"pid": big, "exit_code": -(2**63) if edge else self.rng.choice([0, 1, 137]),
+                     "command": self._text()}
+        elif et == "training_exception":
+            base |= {"category": "cuda_error", "exc_type": "RuntimeError", "message": self._text(),
+                     "traceback": self._text()}
+        elif et == "collective":
+            base |= {"op": "all_reduce", "group": "data parallel 0", "nbytes": big, "start": _iso(t - timedelta(seconds=1)),
+                     "end": _iso(t)}
+        elif et == "job_state":
+            base |= {"state": "running", "nodes": [node], "gpus": 8}
+        elif et == "node_state":
+            base |= {"state": "healthy", "reason": self._text()}
+        elif et == "agent_health":
+            base |= {"collector": "nvml", "status": "failed", "problem": "/dev/nvidia0 unreadable", "detail": self._text()}
+        elif et == "events_dropped":
+            base |= {"count": big, "messages": 1, "by_type": {"heartbeat": 1}, "reason": "spool_full",
+                     "component": "publisher spool"}
+        elif et == "watchdog":
+            base |= {"check": "disk_space", "target": "/var/lib/vigil", "status": "ok", "used": 1.0, "limit": 2.0}
+        elif et == "action_result":
+            base |= {"decision_id": self._id(), "state": "succeeded", "backend": "slurm", "detail": self._text()}
+        if edge and self.rng.random() < 0.5:
+            base["event_time"] = _iso(EARLIEST if self.rng.random() < 0.5 else LATEST)
+            if et in ("iteration", "iteration_step", "collective"):
+                base["start"] = base["end"] = base["event_time"]
+        return base
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def good(self) -> Message:
+        r = self.rng.random()
+        if r < 0.55:
+            ev = self.event(edge=self.rng.random() < 0.15)
+            if self.rng.random() < 0.1:
+                del ev["event_id"]  # the id derived from its content
+            return self._single(ev, "good")
+        if r < 0.85:
+            et = self.rng.choice(["heartbeat", "gpu_telemetry", "iteration_step", "xid", "iteration"])
+            evs = [self.event(et) for _ in range(self.rng.randrange(2, 30))]
+            return Message(et, b"batch", json.dumps(evs).encode(), [self._expect(e) for e in evs], "good batch")
+        if r < 0.93:
+            evs = [self.event(t) for t in ("heartbeat", "gpu_telemetry", "nic_counters", "gpu_telemetry")]
+            return Message("node_samples", b"node", json.dumps(evs).encode(), [self._expect(e) for e in evs],
+                           "node samples")
+        if self.sent:  # a message sent again (a producer retry, a replay): the same events, stored once
+            prev = self.rng.choice([m for m in self.sent[-200:] if not m.malformed] or self.sent[-1:])
+            if not prev.malformed:
+                return Message(prev.topic_type, prev.key, prev.value, list(prev.items), "sent again")
+        return self._single(self.event(), "good")
+
+    def _expect(self, ev: dict[str, Any]) -> Expect:
+        eid = ev.get("event_id") or derived_id(ev)
+        return Expect(GOOD, TABLE_SPECS[ev["event_type"]].table, eid)
+
+    def _single(self, ev: dict[str, Any], label: str) -> Message:
+        return Message(ev["event_type"], b"k", json.dumps(ev, ensure_ascii=self.rng.random() < 0.5).encode(),
+                       [self._expect(ev)], label)
+
+    def malformed(self) -> Message:
+        kind = self.rng.choice(_BAD_KINDS)
+        bad = [Expect(BAD)] * (3 if kind == "not_an_object_item" else 1)
+        topic = self.rng.choice(_GOOD_TYPES + ["node_samples", "dead_letter", "decision", "finding"])
+        ev = self.event(topic if topic in _GOOD_TYPES else None)
+        if kind == "binary":
+            value = bytes(self.rng.getrandbits(8) for _ in range(self.rng.randrange(1, 400)))
+        elif kind == "truncated":
+            raw = json.dumps(ev).encode()
+            value = raw[:self.rng.randrange(1, len(raw))]
+        elif kind == "no_value":
+            value = None
+        elif kind == "empty_array":
+            value = b"[]"
+        elif kind == "empty_bytes":
+            value = b""
+        elif kind == "deep":
+            depth = self.rng.choice([5_000, 100_000])
+            value = b"[" * depth + b"]" * depth
+        elif kind == "huge":
+            value = json.dumps({**ev, "extra": "x" * self.rng.randrange(1_000_000, 3_000_000)}).encode()
+        elif kind == "scalar":
+            value = self.rng.choice([b"42", b'"a string"', b"null", b"true", b"1e999"])
+        elif kind == "invalid_utf8":
+            value = json.dumps(ev).encode().replace(b'"fuzz"', b'"\xff\xfe"', 1)
+        else:
+            ev = self._break(ev, kind)
+            value = json.dumps(ev, allow_nan=True).encode() if not isinstance(ev, bytes) else ev
+        return Message(topic if topic != "node_samples" else "node_samples", b"bad", value, bad, kind)
+
+    def _break(self, ev: dict[str, Any], kind: str) -> Any:
+        src = ev.setdefault("source", {})
+        if kind == "unknown_type":
+            ev["event_type"] = "heartbeet"
+        elif kind == "unknown_version":
+            ev["version"] = 2
+        elif kind == "missing_version":
+            del ev["version"]
+        elif kind == "version_string":
+            ev["version"] = "1"
+        elif kind == "bool_for_int":
+            ev["version"] = True
+        elif kind == "missing_field":
+            ev.pop("event_time")
+        elif kind == "rank_2_64":
+            src["rank"] = 2**64
+        elif kind == "negative":
+            src["gpu"] = -1
+        elif kind == "gpu_1024":
+            src["gpu"] = 1024
+        elif kind == "nan":
+            return json.dumps({**ev, "source": {**src, "rank": float("nan")}}, allow_nan=True).encode()
+        elif kind == "inf":  # 1e400 where a time belongs (a float past what a double holds)
+            return json.dumps(ev).replace(json.dumps(ev["event_time"]), "1e400", 1).encode()
+        elif kind == "naive_time":
+            ev["event_time"] = "2026-03-01T00:00:00"
+        elif kind == "far_time":
+            ev["event_time"] = "9999-12-31T00:00:00Z"
+        elif kind == "bad_name":
+            src["node"] = self.rng.choice(["n\x00", "node-07\n", "\u202enode", "a b", "ALL,x", "n" * 257, "-rf",
+                                           "node[1-64]", "\u2066x", ""])
+        elif kind == "null_id":
+            ev["event_id"] = None
+        elif kind == "bad_id":
+            ev["event_id"] = "not-a-uuid"
+        elif kind == "extra_field":
+            ev["surprise"] = 1
+        elif kind == "wrong_topic":
+            # a decision on a telemetry topic: the message's topic is set by malformed() from the event's
+            # type, so this one goes where decisions do not belong
+            return json.dumps({"event_type": "decision", "version": 1, "event_id": self._id(),
+                               "event_time": ev["event_time"], "decision_id": self._id(), "idempotency_key": "k",
+                               "action": "isolate_node", "target": {"node": "ALL"}, "reason": "forged"}).encode()
+        elif kind == "dead_letter_offset":
+            return json.dumps({"event_type": "dead_letter", "version": 1, "event_id": self._id(),
+                               "event_time": ev["event_time"], "reason": "x", "detail": "y", "source_topic": "t",
+                               "source_partition": 0, "source_offset": 2**70, "raw_b64": ""}).encode()
+        elif kind == "not_an_object_item":
+            return json.dumps([1, "two", None]).encode()
+        return ev
+
+    def mixed_batch(self) -> Message:
+        """Good and bad items in one array, one event type (its topic's)."""
+        et = self.rng.choice(["heartbeat", "gpu_telemetry", "xid"])
+        items, expects = [], []
+        for _ in range(self.rng.randrange(3, 20)):
+            ev = self.event(et)
+            if self.rng.random() < 0.35:
+                ev = self._break(ev, self.rng.choice(["rank_2_64", "bool_for_int", "bad_name", "missing_field",
+                                                      "unknown_type", "null_id", "extra_field", "version_string"]))
+                expects.append(Expect(BAD))
+            else:
+                expects.append(self._expect(ev))
+            items.append(ev)
+        if all(e.kind == GOOD for e in expects):  # at least one bad item
+            items.append({"event_type": et, "version": 1})
+            expects.append(Expect(BAD))
+        return Message(et, b"mixed", json.dumps(items).encode(), expects, "mixed batch")
+
+    def message(self, malformed_share: float) -> Message:
+        r = self.rng.random()
+        if r < malformed_share * 0.7:
+            m = self.malformed()
+        elif r < malformed_share:
+            m = self.mixed_batch()
+        else:
+            m = self.good()
+        if m.label == "wrong_topic":
+            m.topic_type = self.rng.choice(["heartbeat", "gpu_telemetry", "node_samples", "iteration"])
+        elif m.label == "dead_letter_offset":
+            m.topic_type = "dead_letter"
+        self.sent.append(m)
+        return m
+
+
+_GOOD_TYPES = ["heartbeat", "gpu_telemetry", "nic_counters", "iteration", "iteration_step", "xid", "process_exit",
+               "training_exception", "collective", "job_state", "node_state", "agent_health", "events_dropped",
+               "watchdog", "action_result"]
+_BAD_KINDS = ["binary", "truncated", "no_value", "empty_array", "empty_bytes", "deep", "huge", "scalar",
+              "invalid_utf8", "unknown_type", "unknown_version", "missing_version", "version_string", "bool_for_int",
+              "missing_field", "rank_2_64", "negative", "gpu_1024", "nan", "inf", "naive_time", "far_time", "bad_name",
+              "null_id", "bad_id", "extra_field", "wrong_topic", "dead_letter_offset", "not_an_object_item"]
+#: How often a malformed kind is drawn relative to the others ("huge" is rare: it is slow to move).
+_BAD_KINDS = [k for k in _BAD_KINDS for _ in range(1 if k == "huge" else 6)]
+
+
+# -- accounting ------------------------------------------------------------------------------------------
+
+
+def account(query: Callable[[str], list[tuple]], database: str, messages: list[Message],
+            prefix: str) -> dict[str, Any]:
+    """The verdict on ``messages`` (produced, with their partition and offset) from the history."""
+    stored: dict[str, int] = {}
+    for table in sorted({e.table for m in messages for e in m.items if e.kind == GOOD}):
+        for eid, n in query(f"SELECT toString(event_id), count() FROM {database}.{table} GROUP BY event_id"):
+            stored[eid] = stored.get(eid, 0) + n
+    dead: dict[tuple[str, int, int], tuple[int, int]] = {}
+    for topic, partition, offset, rows, ids in query(
+            f"SELECT source_topic, source_partition, source_offset, count(), uniqExact(event_id) "
+            f"FROM {database}.dead_letters WHERE reason != 'refused' GROUP BY 1, 2, 3"):
+        dead[(topic, partition, offset)] = (rows, ids)
+    refused = query(f"SELECT count() FROM {database}.dead_letters WHERE reason = 'refused'")[0][0]
+    verdict = {"stored": 0, "dead_lettered": 0, "lost": 0, "duplicated": 0}
+    lost_labels: dict[str, int] = {}
+    dup_labels: dict[str, int] = {}
+    lost_samples: list[dict[str, Any]] = []
+    for m in messages:
+        topic = topic_name(m.topic_type, prefix)
+        bad = sum(1 for e in m.items if e.kind == BAD)
+        rows, ids = dead.get((topic, m.partition, m.offset), (0, 0))
+        goods = [stored.get(e.event_id, 0) for e in m.items if e.kind == GOOD]
+        if any(n == 0 for n in goods) or ids < bad:
+            verdict["lost"] += 1
+            lost_labels[m.label] = lost_labels.get(m.label, 0) + 1
+            if len(lost_samples) < 20:
+                lost_samples.append({"label": m.label, "topic": topic, "partition": m.partition, "offset": m.offset,
+                                     "bytes": len(m.value or b""), "bad_items": bad, "dead_letters": ids,
+                                     "good_items_missing": sum(1 for n in goods if n == 0)})
+        elif any(n > 1 for n in goods) or rows > bad:
+            verdict["duplicated"] += 1
+            dup_labels[m.label] = dup_labels.get(m.label, 0) + 1
+        elif bad:
+            verdict["dead_lettered"] += 1
+        else:
+            verdict["stored"] += 1
+    return {**verdict, "refused_by_worker": refused, "lost_by_kind": lost_labels, "duplicated_by_kind": dup_labels,
+            "lost_samples": lost_samples}
+
+
+# -- the benchmark ---------------------------------------------------------------------------------------
+
+
+def run(json_path: str | None, messages: int = 20_000, malformed: float = 0.35, seed: int = 0,
+        settle_s: float = 600.0, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """Produce ``messages`` (a ``malformed`` share of them malformed) through the real loop; return the verdict."""
+    from confluent_kafka import Producer
+
+    from vigil.settings import Settings
+    from vigil.stack import EmbeddedStack, wait_for_file
+
+    say = progress or (lambda _: None)
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="vigil-bench-fuzz-") as tmp:
+        state = Path(tmp)
+        key = {"fuzz": base64.b64encode(os.urandom(32)).decode()}
+        settings = Settings(state_dir=state, telemetry_ttl_days=0, decision_keys=key, kafka_bootstrap=None,
+                            clickhouse_dsn=None, topic_prefix="fuzz", group_id="fuzz-detect")
+        say("starting the embedded stack")
+        stack = EmbeddedStack(settings, query_server=False).start()
+        worker: subprocess.Popen | None = None
+        restarts = 0
+        try:
+            assert stack.bootstrap is not None and stack.sink is not None and stack.store is not None
+            env = {**os.environ, "VIGIL_KAFKA_BOOTSTRAP": stack.bootstrap, "VIGIL_TOPIC_PREFIX": "fuzz",
+                   "VIGIL_GROUP_ID": "fuzz-detect", "VIGIL_STATE_DIR": str(state),
+                   "VIGIL_DECISION_KEYS": json.dumps(key)}
+            ready = state / "worker.ready"
+            log = state / "worker.log"
+
+            deaths: list[str] = []
+
+            def start_worker() -> subprocess.Popen:
+                if log.exists() and worker is not None:  # (a restart: keep why it died)
+                    deaths.append(log.read_text(errors="replace")[-1500:])
+                with open(log, "ab") as out:
+                    return subprocess.Popen([sys.executable, "-m", "vigil.cli", "worker", "--ready-file", str(ready)],
+                                            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+            say("starting a detection worker")
+            worker = start_worker()
+            if not wait_for_file(ready, 90, alive=lambda: worker is not None and worker.poll() is None):
+                raise RuntimeError(f"the worker did not start:\n{log.read_text()[-2000:]}")
+
+            gen = Generator(seed)
+            producer = Producer({"bootstrap.servers": stack.bootstrap, "message.max.bytes": 8 << 20,
+                                 "linger.ms": 5, "queue.buffering.max.kbytes": 1 << 20, "log_level": 3})
+            produced: list[Message] = []
+            failed: list[str] = []
+
+            def delivered(m: Message):
+                def cb(err, msg) -> None:
+                    if err is not None:
+                        failed.append(f"{m.label}: {err}")
+                    else:
+                        m.partition, m.offset = msg.partition(), msg.offset()
+                return cb
+
+            say(f"producing {messages:,} messages")
+            for i in range(messages):
+                m = gen.message(malformed)
+                producer.produce(topic_name(m.topic_type, "fuzz"), key=m.key, value=m.value, on_delivery=delivered(m))
+                produced.append(m)
+                if i % 500 == 0:
+                    producer.poll(0)
+                    if worker.poll() is not None:
+                        restarts += 1
+                        worker = start_worker()
+            left = producer.flush(120)
+            if left or failed:
+                raise RuntimeError(f"{left} message(s) not delivered; {failed[:5]}")
+
+            say("waiting for the history to settle")
+            deadline = time.monotonic() + settle_s
+            query = lambda sql: stack.store.query(sql).rows  # noqa: E731
+            verdict = account(query, "vigil", produced, "fuzz")
+            last, quiet_since = None, time.monotonic()
+            while time.monotonic() < deadline and (verdict["lost"] or time.monotonic() - quiet_since < 5):
+                if worker.poll() is not None:
+                    restarts += 1
+                    worker = start_worker()
+                stack.sink.wait_until(lambda s: False, 1.0)  # (waits on the sink's own event: a second)
+                verdict = account(query, "vigil", produced, "fuzz")
+                now = (verdict["stored"], verdict["dead_lettered"], verdict["lost"], verdict["duplicated"])
+                if now != last:
+                    last, quiet_since = now, time.monotonic()
+                    say(f"stored {now[0]:,}, dead-lettered {now[1]:,}, not yet {now[2]:,}")
+            sink_alive = stack.sink.alive
+            if worker.poll() is not None:
+                restarts += 1
+            stats = stack.sink.stats
+        finally:
+            if worker is not None and worker.poll() is None:
+                worker.terminate()
+                try:
+                    worker.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    worker.kill()
+                    worker.wait()
+            stack.stop()
+    malformed_n = sum(1 for m in produced if m.malformed)
+    result = {
+        "messages": len(produced),
+        "stored": verdict["stored"],
+        "dead_lettered": verdict["dead_lettered"],
+        "lost": verdict["lost"],
+        "duplicated": verdict["duplicated"],
+        "sink_stalls": stats.retries + (0 if sink_alive else 1),
+        "worker_restarts": restarts,
+        "wall_s": round(time.time() - started, 1),
+        "detail": {
+            "seed": seed,
+            "malformed_messages": malformed_n,
+            "malformed_share": round(malformed_n / max(len(produced), 1), 3),
+            "items": sum(len(m.items) for m in produced),
+            "bad_items": sum(1 for m in produced for e in m.items if e.kind == BAD),
+            "by_kind": _by_kind(produced),
+            "refused_by_worker": verdict["refused_by_worker"],
+            "worker_deaths": deaths,
+            "lost_by_kind": verdict["lost_by_kind"],
+            "lost_samples": verdict["lost_samples"],
+            "duplicated_by_kind": verdict["duplicated_by_kind"],
+            "sink": {"messages": stats.messages, "stored": stats.stored, "dead_letters": stats.dead_letters,
+                     "duplicates_dropped": stats.duplicates, "retries": stats.retries, "sink_errors": stats.sink_errors,
+                     "consume_errors": stats.consume_errors, "alive": sink_alive, "errors": stats.errors[-5:]},
+            "cpus": os.cpu_count(),
+            "load_avg": [round(x, 2) for x in os.getloadavg()],
+        },
+    }
+    if json_path is not None:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _by_kind(messages: list[Message]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in messages:
+        out[m.label] = out.get(m.label, 0) + 1
+    return dict(sorted(out.items()))
+
+
+assert set(_GOOD_TYPES) <= set(EVENT_TYPES)
