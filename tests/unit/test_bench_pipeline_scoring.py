@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import uuid
 
-from vigil.bench.pipeline import MIN_P99_SAMPLES, match, percentile, summarize, targets_met
+from vigil.bench.pipeline import MIN_P99_SAMPLES, match, merge, percentile, quantile_ci, summarize, targets_met
 from vigil.schemas import Alert, Source, Subject, from_seconds
 from vigil.sim.load import Injection
 from vigil.sim.simulator import Fault
@@ -98,3 +98,31 @@ def test_a_target_needs_100_faults_none_missed_and_the_p99_within_it():
     assert not met(_rows("exception", 99, 0.15))            # too few for a p99
     assert not met(_rows("exception", 100, 0.15, missed=1))  # one fault never alerted
     assert not targets_met(summarize({"faults": _rows("exception", 100, 0.15)}), 2048.0)["rss"]
+
+
+def test_quantile_intervals_are_the_order_statistics_of_the_binomial():
+    # the textbook ranks: the median of 100 lies between the 40th and 61st values (95 %), of 10 the 2nd and 9th
+    assert quantile_ci([float(x) for x in range(1, 101)], 0.5) == [40.0, 61.0]
+    assert quantile_ci([float(x) for x in range(10, 0, -1)], 0.5) == [2.0, 9.0]
+    # a p99 of 100 values: bounded below by the 97th, not above (no rank beyond the sample)
+    assert quantile_ci([float(x) for x in range(1, 101)], 0.99) == [97.0, None]
+    # a missed fault at an end leaves it unbounded
+    assert quantile_ci([1.0, 2.0, math.inf, math.inf, math.inf], 0.5)[1] is None
+    assert quantile_ci([], 0.5) is None
+
+
+def test_merge_keeps_every_part_and_recomputes_the_verdict():
+    def part(command, throughput, points, wall):
+        return {"command": command, "throughput": throughput, "throughput_detail": {},
+                "capacity": [{"gpus_per_worker": g, "workers": 1, "targets_met": ok, "rss_mb": 100.0 + g / 100,
+                              "records_per_s": 2 * g, "worker_cpu_us_per_record": 5.0} for g, ok in points],
+                "machine": {"load_before": [float(wall)], "load_after": [float(wall) + 1]}, "wall_s": wall}
+
+    out = merge([part("a", {"1": 100}, [(2000, True), (25000, True)], 10),
+                 part("b", {"2": 150}, [(25000, False), (5000, True)], 20)])
+    assert out["throughput"] == {"1": 100, "2": 150}
+    assert [p["gpus_per_worker"] for p in out["capacity"]] == [2000, 5000, 25000]
+    assert out["max_gpus_per_worker_meeting_targets"] == 5000  # the later 25,000 point missed
+    assert out["command"] == ["a", "b"] and out["wall_s"] == 30
+    assert out["machine"]["load_before"] == [10.0] and out["machine"]["load_after"] == [21.0]
+    assert out["projection"]["100000"]["workers"] == 20

@@ -54,7 +54,7 @@ from typing import Any, Callable
 
 from confluent_kafka import Producer
 
-from vigil.bench.machine import measured
+from vigil.bench.machine import machine_info, measured
 from vigil.broker import TansuBroker, die_with_parent, find_tansu
 from vigil.schemas import Alert, decode, topic_name
 from vigil.sim.load import KINDS, Injection, LoadGenerator
@@ -62,7 +62,7 @@ from vigil.stack import wait_for_file
 from vigil.streams.config import StreamConfig
 from vigil.streams.kafka import ensure_topics, reader
 
-__all__ = ["TARGETS", "live", "match", "percentile", "project", "run", "summarize", "throughput"]
+__all__ = ["TARGETS", "live", "match", "merge", "percentile", "project", "quantile_ci", "run", "summarize", "throughput"]
 
 #: p99 targets in seconds (hang: excess over k x D_iter; fail-slow: iterations after onset).
 TARGETS: dict[str, float] = {"exception": 0.2, "process_exit": 0.5, "xid": 0.5, "node_lost": 3.0, "hang": 1.0,
@@ -158,11 +158,44 @@ def percentile(values: list[float], q: float) -> float | None:
     return None if math.isinf(v) else round(v, 4)
 
 
+def quantile_ci(values: list[float], q: float, level: float = 0.95) -> list[float | None] | None:
+    """A distribution-free interval for the ``q`` quantile: order statistics ``x(l) .. x(u)`` with
+    ``P(l <= B < u) >= level``, ``B ~ Binomial(n, q)``, as near symmetric as the ranks allow.
+
+    An end the sample cannot bound (too few values beyond the quantile) is None; a missed fault
+    (``math.inf``) as an end is None too. None when there are no values.
+    """
+    n = len(values)
+    if n == 0:
+        return None
+    ordered = sorted(values)
+    cdf, acc = [], 0.0  # cdf[k] = P(B <= k)
+    for k in range(n + 1):
+        acc += math.comb(n, k) * q ** k * (1 - q) ** (n - k)
+        cdf.append(acc)
+    tail = (1 - level) / 2
+    # lower rank l (1-based): the largest with P(B < l) <= tail; upper u: the smallest with P(B < u) >= 1 - tail
+    lo = max((k for k in range(1, n + 1) if cdf[k - 1] <= tail), default=None)
+    hi = min((k for k in range(1, n + 1) if cdf[k - 1] >= 1 - tail), default=None)
+
+    def at(rank: int | None) -> float | None:
+        if rank is None or math.isinf(ordered[rank - 1]):
+            return None
+        return round(ordered[rank - 1], 4)
+
+    return [at(lo), at(hi)]
+
+
 def _dist(values: list[float], n: int, missed: int) -> dict[str, Any]:
-    """p50, p99 (only from >= 100 samples, else the max of n), n, missed."""
+    """p50, p99 (only from >= 100 samples, else the max of n), n, missed; 95 % intervals of p50 and p99
+    (:func:`quantile_ci`; an end the sample cannot bound is null)."""
     allv = values + [math.inf] * missed
     out: dict[str, Any] = {"p50": percentile(allv, 0.5), "p99": percentile(allv, 0.99) if n >= MIN_P99_SAMPLES else None,
                            "n": n, "missed": missed}
+    if allv:
+        out["p50_ci95"] = quantile_ci(allv, 0.5)
+    if n >= MIN_P99_SAMPLES:
+        out["p99_ci95"] = quantile_ci(allv, 0.99)
     if n < MIN_P99_SAMPLES:
         out["max"] = None if missed else (round(max(values), 4) if values else None)
     return out
@@ -682,6 +715,34 @@ def _write(json_path: str | None, result: dict[str, Any], started: float) -> Non
         Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
+def merge(parts: list[dict[str, Any]], json_path: str | None = None) -> dict[str, Any]:
+    """One result from several runs of :func:`run` (each short enough to hold a shared machine's benchmark
+    lock): their throughputs and capacity points (a later part's point replaces an earlier one of the
+    same load), the largest load meeting every target and the projection recomputed; each part's command,
+    machine and load average kept under ``parts``; ``wall_s`` the sum of theirs."""
+    result: dict[str, Any] = {"command": [p.get("command") for p in parts], "throughput": {},
+                              "throughput_detail": {}, "capacity": []}
+    points: dict[int, dict[str, Any]] = {}
+    for part in parts:
+        result["throughput"].update(part.get("throughput") or {})
+        result["throughput_detail"].update(part.get("throughput_detail") or {})
+        for point in part.get("capacity") or []:
+            points[point["gpus_per_worker"]] = point
+    result["capacity"] = [points[g] for g in sorted(points)]
+    held = [p["gpus_per_worker"] for p in result["capacity"] if p["targets_met"]]
+    result["max_gpus_per_worker_meeting_targets"] = max(held) if held else None
+    result["projection"] = project(result["capacity"], result["max_gpus_per_worker_meeting_targets"])
+    result["machine"] = {**machine_info(), "load_before": parts[0]["machine"].get("load_before") if parts else None,
+                         "load_after": parts[-1]["machine"].get("load_after") if parts else None}
+    result["parts"] = [{"command": p.get("command"), "machine": p.get("machine"), "wall_s": p.get("wall_s")}
+                       for p in parts]
+    result["wall_s"] = round(sum(p.get("wall_s") or 0.0 for p in parts), 1)
+    if json_path is not None:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
+
 # -- in one process: the detect stage's CPU per record, and where it goes ----------------------------------------------
 def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats: int = 3, profile_lines: int = 0,
               json_path: str | None = None) -> dict[str, Any]:
@@ -806,8 +867,14 @@ def main(argv: list[str] | None = None) -> None:
     ip.add_argument("--repeats", type=int, default=3)
     ip.add_argument("--profile-lines", type=int, default=0)
     ip.add_argument("--json", dest="json_path")
+    mg = sub.add_parser("merge", help="one pipeline.json from the JSON of several `vigil bench pipeline` runs")
+    mg.add_argument("parts", nargs="+", type=Path)
+    mg.add_argument("--json", dest="json_path", required=True)
     args = parser.parse_args(argv)
-    if args.cmd == "worker":
+    if args.cmd == "merge":
+        merged = merge([json.loads(p.read_text()) for p in args.parts], args.json_path)
+        print(json.dumps({k: merged[k] for k in ("throughput", "max_gpus_per_worker_meeting_targets", "wall_s")}))
+    elif args.cmd == "worker":
         _worker_main(args.ready_file, args.stats_file)
     elif args.cmd == "inprocess":
         out = inprocess(args.gpus, args.seconds, repeats=args.repeats, profile_lines=args.profile_lines,
