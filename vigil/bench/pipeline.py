@@ -76,6 +76,8 @@ _GPU_CAUSES = ("throttle", "clock_below_peers", "temperature_outlier")
 _ALERT_KINDS: dict[str, tuple[str, ...]] = {"exception": ("cuda_error",), "process_exit": ("process_exit",),
                                             "xid": ("xid",), "node_lost": ("node_lost",), "hang": ("task_hang",),
                                             "fail_slow": (*_GPU_CAUSES, "fail_slow", "straggler")}
+#: Event types a worker reads on its feedback reader, not through the detect stage (not in its record count).
+_FEEDBACK_TYPES = frozenset({"job_state", "node_state"})
 #: A worker whose newest message is this late is overloaded: the point is stopped.
 OVERLOADED_LAG_S = 60.0
 
@@ -600,13 +602,16 @@ def throughput(workers: int, gpus: int = 25_000, seconds: float = 120.0, seed: i
                 f"records)")
             producer = _producer(broker.bootstrap)
             t = now - seconds
+            records = 0  # those the detect stage reads (job and node states go to every worker's feedback reader)
             while t < now:
                 t = min(now, t + 1.0)
                 for m in gen.advance(t):
                     _produce(producer, topic_name(m.event_type, config.topic_prefix), m.key, m.value)
+                    if m.event_type not in _FEEDBACK_TYPES:
+                        records += m.records
                 producer.poll(0)
             producer.flush(120)
-            records, messages = gen.records, gen.messages
+            messages = gen.messages
             out.update(records=records, messages=messages, written_in_s=round(time.time() - now, 1))
             say(f"throughput: {records:,} records written; {workers} worker(s) draining")
             procs, ready, stats_paths = _spawn_workers(config, workers, workdir / f"w{workers}", cores)
