@@ -129,7 +129,8 @@ def bench_pipeline(
 
     sizes = tuple(int(x) for x in load_gpus.split(",") if x.strip())
     tp = tuple(int(x) for x in throughput_workers.split(",") if x.strip())
-    command = "vigil bench pipeline " + " ".join(shlex.quote(a) for a in sys.argv[3:] if a) if len(sys.argv) > 3 \
+    # every argument, an empty one too (--throughput-workers '' skips the throughput): the command must rerun as is
+    command = "vigil bench pipeline " + " ".join(shlex.quote(a) for a in sys.argv[3:]) if len(sys.argv) > 3 \
         else "vigil bench pipeline"
     with console.status("starting...") as status:
         result = run(str(json_path), load_gpus=sizes, workers=workers, faults_per_kind=faults_per_kind,
