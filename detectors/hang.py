@@ -199,7 +199,7 @@ class HangDetector(Detector):
         if silence > timeout:
             evidence = {"silence_s": round(now - self._last_progress, 6), "timeout_s": round(timeout, 6),
                         "timeout_from": why, "mean_iteration_s": round(self.mean_iteration_s, 6),
-                        "delivery_lag_s": round(max(self._lags, default=0.0), 6), "iterations_seen": self._count}
+                        "delivery_lag_s": round(self.delivery_lag_s, 6), "iterations_seen": self._count}
             if self._checkpoint_since is not None:
                 evidence["checkpoint_step"] = self._checkpoint_step
             self._finding = Finding(kind="task_hang", severity=2, onset=self._last_progress, detected_at=now,
@@ -207,7 +207,7 @@ class HangDetector(Detector):
 
     def _deadline(self) -> tuple[float, float, str]:
         """(silence counted from, its timeout, what set it)."""
-        lag = max(self._lags, default=0.0)
+        lag = self.delivery_lag_s
         if self._ending_since is not None:
             return max(self._ending_since, self._last_progress or 0.0), self.startup_timeout_s + lag, "finishing"
         if self._checkpoint_since is not None:
@@ -235,7 +235,12 @@ class HangDetector(Detector):
         (the event-time deadline of :meth:`tick` still holds it)."""
         if self._last_progress is None:
             return self.startup_timeout_s
-        return max(0.0, self._deadline()[1] - max(self._lags, default=0.0))
+        return max(0.0, self._deadline()[1] - self.delivery_lag_s)
+
+    @property
+    def delivery_lag_s(self) -> float:
+        """The longest delivery delay of the recent steps (after warm-up): the timeouts' allowance for it."""
+        return max(self._lags, default=0.0)
 
     @property
     def mean_iteration_s(self) -> float:
