@@ -13,7 +13,8 @@ The publisher is in one of two modes:
     messages go to librdkafka. A delivery failure, or librdkafka reporting
     that all brokers are down, switches to ``spooling``: messages still queued
     in librdkafka are purged (their delivery callbacks hand them back) and
-    appended to the spool in publish order, ahead of anything newer.
+    appended to the spool in publish order, ahead of anything newer; what is
+    in flight finishes, and if it fails it is spooled too.
 ``spooling``
     every new message is appended to the disk spool (:mod:`vigil.producers.spool`),
     so the order of the spool is the order of publication. Every
@@ -35,9 +36,11 @@ broker does not know, e.g. after a broker restart lost its state, or a
 retention expired the id): the producer is recreated (a fresh producer id)
 before the next attempt, instead of failing the same way forever.
 
-A message that was in flight when the outage began may have reached the
-broker and still be spooled and replayed: downstream consumers deduplicate by
-event id (the design's rule), so it is never counted twice.
+A message whose delivery failed after it was sent (timed out, or purged in
+flight when the producer is recreated) may have reached the broker and still
+be spooled and replayed: ``stats.uncertain`` counts those, and downstream
+consumers deduplicate by event id (the design's rule), so it is never counted
+twice.
 
 When the spool is full it drops its oldest messages and the publisher appends
 an :class:`~vigil.schemas.events.EventsDropped` record ("dropped N events") to be
@@ -94,9 +97,15 @@ class PublisherStats:
     replayed: int = 0
     dropped_events: int = 0
     outages: int = 0
+    #: failures after which the broker may still have written the message (it was sent; no answer came):
+    #: each is spooled and sent again, so downstream may see it twice (and deduplicates it by event id)
+    uncertain: int = 0
 
 
 _DOWN_CODES = {KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE}
+#: Failures of a message that may have been sent: written or not, only the broker knows.
+_UNCERTAIN = {KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT, KafkaError._PURGE_INFLIGHT,
+              KafkaError.REQUEST_TIMED_OUT}
 #: Errors no retry can cure: such a message is dropped and reported, not spooled forever.
 _PERMANENT = {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_MSG_SIZE, KafkaError.INVALID_MSG,
               KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD,
@@ -226,6 +235,8 @@ class Publisher:
                 return
             self.stats.failed += 1
             self.last_error = err
+            if err.code() in _UNCERTAIN:
+                self.stats.uncertain += 1
             if err.code() in _PERMANENT:
                 self._rejected(record, err)
             elif self._spool is not None:
@@ -244,6 +255,8 @@ class Publisher:
             self._chunk_failed = True
             self._verified = False
             self.last_error = err
+            if err.code() in _UNCERTAIN:
+                self.stats.uncertain += 1
             if err.code() not in (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT):
                 self._stuck = True
         if self._replaying is not None:
@@ -345,9 +358,10 @@ class Publisher:
             log.warning("broker unreachable (%s): spooling to %s", self.last_error,
                         self._spool.directory if self._spool is not None else None)
         self._verified = False  # a new outage: the broker is asked before the next replay
-        # Take back what librdkafka still holds: its callbacks put it in _failed_back.
+        # Take back what librdkafka has not sent yet: its callbacks put it in _failed_back. What is in
+        # flight is left to finish: delivered, it is not sent twice; failed, it comes back the same way.
         try:
-            self._producer.purge(in_queue=True, in_flight=True, blocking=False)
+            self._producer.purge(in_queue=True, in_flight=False, blocking=False)
         except KafkaException:
             pass
         self._poll(0)

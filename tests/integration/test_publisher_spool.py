@@ -275,10 +275,10 @@ def test_agent_paced_publisher_leaves_spooling_after_a_broker_restart(own_broker
         after.close()
         seen = before.ids + after.ids
         assert set(seen) == set(sent), f"missing {len(set(sent) - set(seen))}, unexpected {len(set(seen) - set(sent))}"
-        # A replayed chunk whose delivery was uncertain may be written twice (downstream
-        # deduplicates by event id); here the failed chunk was refused, so nothing is.
-        duplicated = {i: n for i, n in seen.items() if n > 1}
-        assert not duplicated, f"{len(duplicated)} events twice or more"
+        # Only a message whose delivery was uncertain (sent, then timed out or purged in flight) may be
+        # written twice (downstream deduplicates by event id): no more copies than the publisher counted.
+        copies = sum(n - 1 for n in seen.values() if n > 1)
+        assert copies <= pub.stats.uncertain, f"{copies} extra copies, {pub.stats.uncertain} uncertain: {pub.stats}"
     finally:
         pub.close(timeout_s=1)
 
