@@ -126,6 +126,30 @@ def _when(message_time: float | None) -> datetime:
     return moment if EARLIEST <= moment <= LATEST else utcnow()
 
 
+def rewind_shrunk(consumer: Consumer) -> list[TopicPartition]:
+    """Seek to its start every assigned partition whose log ends before this consumer's position.
+
+    A log only shrinks when the broker lost it (an in-memory dev broker restarted, a topic deleted and
+    made again). Kafka answers the fetch with OFFSET_OUT_OF_RANGE and ``auto.offset.reset`` applies;
+    tansu answers nothing, and a consumer left past the new end would miss everything until the log
+    grew back to its old length. Local calls only (the high watermarks of the last fetch responses):
+    cheap enough for every poll. Returns the partitions rewound.
+    """
+    rewound = []
+    try:
+        for tp in consumer.position(consumer.assignment()):
+            if tp.offset < 0:
+                continue  # nothing fetched yet
+            _low, high = consumer.get_watermark_offsets(tp, cached=True)
+            if 0 <= high < tp.offset:
+                rewound.append(TopicPartition(tp.topic, tp.partition, OFFSET_BEGINNING))
+        for tp in rewound:
+            consumer.seek(tp)
+    except KafkaException:
+        return []  # not assigned yet, or mid-rebalance: the next poll asks again
+    return rewound
+
+
 def reader(kafka_conf: dict[str, Any], topics: list[str], from_beginning: bool = True,
            timeout_s: float = 10.0) -> Consumer:
     """A consumer assigned every partition of ``topics``, with no group.

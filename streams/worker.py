@@ -45,6 +45,7 @@ from vigil.streams.engine.escalation import Escalation
 from vigil.streams.engine.incidents import Correlator
 from vigil.streams.engine.planning import replan
 from vigil.streams.plugins import load_plugins
+from vigil.streams.kafka import rewind_shrunk
 from vigil.streams.recovery import window_starts
 from vigil.streams.stages import CorrelateStage, DetectStage, Place, key_of_topics
 
@@ -94,6 +95,13 @@ class BrokerPulse:
             self._stop.wait(self.interval_s)  # a period, not a condition to await
 
 
+def _rewind_shrunk(consumer: Consumer) -> list[TopicPartition]:
+    rewound = rewind_shrunk(consumer)
+    for tp in rewound:
+        log.warning("%s[%d] restarted empty (the broker lost its log): read again from its start", tp.topic, tp.partition)
+    return rewound
+
+
 class BroadcastReader:
     """Action results, job/node states, published alerts and decisions: all partitions, no group."""
 
@@ -128,6 +136,7 @@ class BroadcastReader:
     def poll(self, max_messages: int = 500) -> list[tuple[Envelope, bool]]:
         """``(event, live)`` pairs; ``live`` when written after the worker started (else: state only)."""
         out: list[tuple[Envelope, bool]] = []
+        _rewind_shrunk(self._consumer)
         for msg in self._consumer.consume(max_messages, timeout=0):
             if msg.error() is not None:
                 if msg.error().code() == KafkaError._PARTITION_EOF:
@@ -345,6 +354,8 @@ class Worker:
                     self._on_message(msg, now)
                 now = self.clock()
                 if now >= next_tick:
+                    for tp in _rewind_shrunk(self._consumer):
+                        self._processed.pop((tp.topic, tp.partition), None)
                     self._tick(now)
                     next_tick = now + interval
                 self._producer.poll(0)

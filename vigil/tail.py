@@ -189,6 +189,7 @@ def records(consumer: Any, marks: dict[tuple[str, int], tuple[int, int]], poll_s
     arrive.
     """
     from vigil.schemas import decode
+    from vigil.streams.kafka import rewind_shrunk
 
     def printed(msg: Any) -> bool:
         return msg.offset() >= marks.get((msg.topic(), msg.partition()), (0, 0))[0]
@@ -221,7 +222,11 @@ def records(consumer: Any, marks: dict[tuple[str, int], tuple[int, int]], poll_s
     yield from live
     while True:
         msg = consumer.poll(poll_s)
-        if msg is None or msg.error():
+        if msg is None:  # idle: a log the broker lost and began again (a dev broker restarted) is read anew
+            for tp in rewind_shrunk(consumer):
+                marks[(tp.topic, tp.partition)] = (0, 0)
+            continue
+        if msg.error():
             continue
         for event in decode(msg.value()).events:
             yield event, printed(msg)

@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import OFFSET_BEGINNING, KafkaError
 
 import vigil.producers.publisher as publisher_mod
 from vigil.producers.publisher import Publisher
@@ -22,7 +22,7 @@ from vigil.producers.spool import Spool, SpoolRecord
 from vigil.schemas import Heartbeat, Source, decode, encode, message_key
 from vigil.schemas.envelope import utcnow
 from vigil.schemas.events import EventsDropped
-from vigil.streams.kafka import ensure_topics, reader
+from vigil.streams.kafka import ensure_topics, reader, rewind_shrunk
 from tests.integration.conftest import wait_for
 from vigil.broker import TansuBroker, find_tansu, free_port
 
@@ -380,3 +380,44 @@ def test_a_producer_the_restarted_broker_keeps_refusing_is_recreated(own_broker,
         assert sum(down.ids.values()) == len(sent) and set(down.ids) == set(sent)
     finally:
         pub.close(timeout_s=1)
+
+
+def test_a_reader_past_the_end_of_a_log_that_restarted_empty_reads_it_from_its_start(own_broker, monkeypatch):
+    """The worker's broadcast reader across a broker that lost its log (tansu keeps it in memory).
+
+    A consumer that had read 10 messages sits at offset 10; the new log has 3. Kafka would answer
+    OFFSET_OUT_OF_RANGE; tansu answers nothing, so without ``rewind_shrunk`` the 3 new messages
+    (a node's ``leaving``, say) would be read only once the log grew past 10 again.
+    """
+    conf = {"bootstrap.servers": own_broker.bootstrap}
+    prefix = f"shrunk-{uuid.uuid4().hex[:8]}"
+    ensure_topics(conf, prefix)
+    topic = f"{prefix}.telemetry.heartbeats"
+    pub = Publisher(conf, prefix, linger_ms=0)
+    for hb in heartbeats(10, 0):
+        pub.publish([hb])
+    assert pub.flush(10) == 0
+    down = Downstream(conf, [topic])
+    try:
+        assert wait_for(lambda: len(down.ids) == 10, 15, down.read)
+        pub.close(timeout_s=1)
+        own_broker.stop()
+        own_broker.start(monkeypatch)
+        ensure_topics(conf, prefix)
+        pub = Publisher(conf, prefix, linger_ms=0)
+        new = heartbeats(3, 10)
+        for hb in new:
+            pub.publish([hb])
+        assert pub.flush(10) == 0
+        rewound: list = []
+
+        def read() -> None:
+            rewound.extend(rewind_shrunk(down.consumer))
+            down.read()
+
+        assert wait_for(lambda: {hb.event_id for hb in new} <= set(down.ids), 15, read), \
+            f"read {len(down.ids)} events; rewound {rewound}"
+        assert [(tp.topic, tp.offset) for tp in rewound] == [(topic, OFFSET_BEGINNING)] * len(rewound) and rewound
+    finally:
+        pub.close(timeout_s=1)
+        down.consumer.close()
