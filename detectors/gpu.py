@@ -190,20 +190,50 @@ class GpuDegradation(Detector):
         return cls(node=key, **params)
 
     def observe_batch(self, items: list[GpuTelemetry], *, t: float, context: KeyContext | None = None) -> None:
-        """One node's GPU samples of one message: compared with each other as one sampling round."""
-        readings: dict[Any, dict[str, Any]] = {}
+        """One node's GPU samples of one message: compared with each other as one sampling round.
+
+        The samples are validated events (finite numbers, non-negative counts),
+        so their rows go straight to the detector's state, without
+        :meth:`update`'s checks of arbitrary input.
+        """
+        clean: dict[str, dict[str, Any]] = {}
+        bad: str | None = None
         for s in items:
-            if s.source.gpu is None:
+            gpu = s.source.gpu
+            if gpu is None:
                 continue
-            row = {k: v for k, v in (("sm_clock", s.sm_clock_mhz), ("temperature", s.temperature_c),
-                                     ("power", s.power_w), ("utilization", s.utilization_pct),
-                                     ("throttle_reasons", s.throttle_reasons), ("ecc_sbe", s.ecc_sbe),
-                                     ("ecc_dbe", s.ecc_dbe)) if v is not None}
+            row: dict[str, Any] = {}
+            if s.sm_clock_mhz is not None:
+                row["sm_clock"] = float(s.sm_clock_mhz)
+            if s.temperature_c is not None:
+                row["temperature"] = float(s.temperature_c)
+            if s.power_w is not None:
+                row["power"] = float(s.power_w)
+            if s.utilization_pct is not None:
+                row["utilization"] = float(s.utilization_pct)
+            if s.throttle_reasons is not None:
+                row["throttle_reasons"] = s.throttle_reasons
+            if s.ecc_sbe is not None:
+                row["ecc_sbe"] = s.ecc_sbe
+            if s.ecc_dbe is not None:
+                row["ecc_dbe"] = s.ecc_dbe
             if s.nvlink_errors:
-                row["nvlink_errors"] = sum(s.nvlink_errors.values())
-            readings[s.source.gpu] = row
-        if readings:
-            self.update(readings, t=max(to_seconds(s.event_time) for s in items))
+                total = sum(s.nvlink_errors.values())
+                if total < 0:  # the schema allows any int per link; a count cannot go below zero
+                    bad = f"GPU {gpu!r}: nvlink_errors must be a non-negative int, got {total!r}"
+                row["nvlink_errors"] = total
+            clean[str(gpu)] = row
+        if not clean:
+            return
+        t = _check_time(max(to_seconds(s.event_time) for s in items), "t")
+        if self._last_t is not None:  # in update()'s order: the time first, then the rows
+            if t == self._last_t:
+                return  # duplicate delivery
+            if t < self._last_t:
+                raise DetectorError(f"sample at t={t} is older than the previous one at t={self._last_t}")
+        if bad is not None:
+            raise DetectorError(bad)
+        self._apply(clean, t, checked=True)
 
     def observe(self, item: GpuTelemetry, *, t: float, context: KeyContext | None = None) -> None:
         self.observe_batch([item], t=t, context=context)
@@ -295,6 +325,15 @@ class GpuDegradation(Detector):
                         raise DetectorError(f"GPU {gid!r}: {k} must be a non-negative int, got {v!r}")
                     row[k] = int(v)
             clean[str(gid)] = row
+        self._apply(clean, t, checked=True)
+
+    def _apply(self, clean: dict[str, dict[str, Any]], t: float, checked: bool = False) -> None:
+        """One sampling round of valid rows (GPU id -> fields) at ``t``."""
+        if not checked and self._last_t is not None:
+            if t == self._last_t:
+                return  # duplicate delivery
+            if t < self._last_t:
+                raise DetectorError(f"sample at t={t} is older than the previous one at t={self._last_t}")
         prev_t = self._last_t
         self._last_t = t
         self._now = t if self._now is None else max(self._now, t)
@@ -305,19 +344,26 @@ class GpuDegradation(Detector):
     def _counters(self, clean: dict[str, dict[str, Any]], t: float) -> None:
         for gid, row in clean.items():
             g = self._gpu(gid)
-            inc = {"ecc_dbe": 0, "ecc_sbe": 0, "nvlink_errors": 0}
+            counters = g["counters"]
+            inc: dict[str, int] | None = None
             for k in _COUNTERS:
-                if k not in row:
+                v = row.get(k)
+                if v is None:
                     continue
-                old = g["counters"].get(k)
-                g["counters"][k] = row[k]
-                if old is None:
+                old = counters.get(k)
+                counters[k] = v
+                if old is None or v == old:
                     continue
-                d = row[k] - old if row[k] >= old else row[k]  # decrease: reset
-                inc["nvlink_errors" if k in _NVLINK_FIELDS else k] += d
-            for k, d in inc.items():
-                if d > 0:
-                    g["events"][k].append((t, d))
+                d = v - old if v >= old else v  # decrease: reset
+                if d:
+                    inc = inc if inc is not None else {}
+                    kind = "nvlink_errors" if k in _NVLINK_FIELDS else k
+                    inc[kind] = inc.get(kind, 0) + d
+            if inc:
+                for k in ("ecc_dbe", "ecc_sbe", "nvlink_errors"):  # the order the events were always appended in
+                    d = inc.get(k, 0)
+                    if d > 0:
+                        g["events"][k].append((t, d))
 
     def _peer_conditions(self, clean: dict[str, dict[str, Any]], t: float, prev_t: float | None) -> None:
         # Evidence is built only for a condition that holds: most samples of most GPUs are healthy.

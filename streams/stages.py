@@ -31,8 +31,8 @@ from typing import Any
 from vigil.detectors import DetectorError
 from vigil.detectors.chain import RunChain
 from vigil.schemas import (
-    JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, JobState, NodeState,
-    Subject, decode, to_seconds, topic_accepts,
+    JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, IterationStep, JobState,
+    NodeState, Subject, decode, to_seconds, topic_accepts,
 )
 from vigil.streams.engine.decisions import DecisionEngine
 from vigil.streams.engine.detection import DetectionEngine, detector_finding
@@ -58,6 +58,8 @@ class Place:
 class Detected:
     findings: list[DetectorFinding] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    #: telemetry records the message held (a columnar step counts one per rank)
+    records: int = 0
 
 
 class DetectStage:
@@ -80,17 +82,17 @@ class DetectStage:
                                  for err in message.errors]
         events = message.events
         if not events:
+            if place.timestamp is not None:  # still news of how far behind this feed is read
+                self.engine.on_events([], now, replay=replay, written=place.timestamp,
+                                      feed=(place.topic, place.partition))
             return out
+        out.records = sum(len(ev.ranks) if isinstance(ev, IterationStep) else 1 for ev in events)
         self._remember(place, events)
-        if not replay:
-            for ev in events:
-                if self.engine.future(ev, now):
-                    out.dead_letters.append(refused_event(
-                        ev, f"event_time {ev.event_time.isoformat()} is more than "
-                            f"{self.engine.params.max_future_s:.0f} s ahead of the worker's clock (check the node's clock)",
-                        place.topic, place.partition, place.offset, raw=value if len(events) == 1 else None))
+        future: list[Envelope] = []
         try:
-            out.findings = self.engine.on_events(events, now, replay=replay)
+            out.findings = self.engine.on_events(events, now, replay=replay, written=place.timestamp,
+                                                 feed=(place.topic, place.partition))
+            future = self.engine.refused_future
         except Exception:  # noqa: BLE001 - see below
             # One event a detector cannot use: find it, keep it, go on with the rest. Any exception, not
             # only DetectorError: a detector's bug on one odd event must not crash the worker into a loop
@@ -109,6 +111,14 @@ class DetectStage:
                         out.dead_letters.append(refused_event(
                             ev, f"detector failed on it: {type(exc).__name__}: {exc}"[:500], place.topic,
                             place.partition, place.offset))
+                else:
+                    future += self.engine.refused_future
+        if not replay:
+            for ev in future:
+                out.dead_letters.append(refused_event(
+                    ev, f"event_time {ev.event_time.isoformat()} is more than "
+                        f"{self.engine.params.max_future_s:.0f} s ahead of the worker's clock (check the node's clock)",
+                    place.topic, place.partition, place.offset, raw=value if len(events) == 1 else None))
         return out
 
     def _remember(self, place: Place, events: list[Envelope]) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
@@ -66,6 +65,11 @@ class EngineParams:
     #: Hearing nothing at all (no data, no broker answer) for this long means the worker, not the
     #: cluster, went deaf: silences then count from when it hears again.
     deaf_after_s: float = 2.0
+    #: Reading a partition's messages this long after they were written (the least late of those read
+    #: from it between two ticks) the worker is behind on it: a subject's newest messages may be in the
+    #: part of the log it has not read, so no silence is judged until it catches up (a late feed is
+    #: not silence). The least late, so that a few producers with slow clocks do not count as a backlog.
+    max_feed_lag_s: float = 1.0
     #: Events older than this (against the worker's clock) do not start tracking a subject: a new
     #: consumer group reading an old log must not report every node that left long ago as lost.
     max_event_age_s: float = 300.0
@@ -85,11 +89,12 @@ class EngineParams:
 class _Key:
     """One job or node: its detectors (made on first input), and what the engine knows of it."""
 
-    __slots__ = ("per", "name", "cluster", "detectors", "last_arrival", "nodes", "steps", "engine")
+    __slots__ = ("per", "name", "owner", "cluster", "detectors", "last_arrival", "nodes", "steps", "engine")
 
     def __init__(self, per: str, name: str, cluster: str, engine: "DetectionEngine") -> None:
         self.per = per
         self.name = name
+        self.owner = f"{per}:{name}"
         self.cluster = cluster
         self.detectors: dict[str, Detector] = {}
         self.last_arrival = float("-inf")
@@ -104,9 +109,31 @@ class _Key:
     @property
     def raised(self) -> frozenset[str]:
         """Kinds currently raised for this key (the context a detector may consult)."""
-        owner = f"{self.per}:{self.name}"
+        owner = self.owner
         reported = self.engine._reported
         return frozenset(f.kind for d in self.detectors for f in reported.get((owner, d), {}).values())
+
+
+class _SeenIds:
+    """Event ids seen lately: at least the last ``keep``, at most ``2 * keep`` (two generations of sets).
+
+    Keyed by the id's 128-bit integer, which hashes in C (a ``uuid.UUID`` hashes in Python).
+    """
+
+    __slots__ = ("keep", "new", "old")
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self.new: set[int] = set()
+        self.old: set[int] = set()
+
+    def __contains__(self, value: int) -> bool:
+        return value in self.new or value in self.old
+
+    def add(self, value: int) -> None:
+        self.new.add(value)
+        if len(self.new) >= self.keep:
+            self.old, self.new = self.new, set()
 
 
 class DetectionEngine:
@@ -137,12 +164,24 @@ class DetectionEngine:
         self._replaying = False
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
         self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
-        self._seen_ids: OrderedDict[uuid.UUID, None] = OrderedDict()
+        self._seen_ids = _SeenIds(200_000)
+        #: the detectors a tick drives, registered when made: silence detectors of nodes and of jobs
+        #: (checked every tick, in that order), and those that age windows (each once per window_tick_s)
+        self._silence: tuple[dict[tuple[str, str], tuple[_Key, Detector]], ...] = ({}, {})
+        self._windows: dict[tuple[str, str, str], tuple[_Key, Detector]] = {}
+        self._window_cycle: list[tuple[str, str, str]] = []
+        self._window_credit = 0.0
         self._windows_ticked_at: float | None = None
+        #: the events the last on_events call skipped for being stamped in the future (the caller dead-letters them)
+        self.refused_future: list[Envelope] = []
         # The feed's own pulse: when the worker last heard anything, and when it heard again after
         # hearing nothing for deaf_after_s (its broker or link was down, or it was rebalancing).
         self._last_heard = float("-inf")
         self._feed_back_at = float("-inf")
+        #: feed (a partition) -> the least delay from write to read of its messages since the last tick
+        self._feed_window: dict[Any, float] = {}
+        #: feed -> (the tick that saw it last, that least delay)
+        self._feeds: dict[Any, tuple[float, float]] = {}
 
     # -- inputs ------------------------------------------------------------
     def future(self, event: Envelope, now: float) -> bool:
@@ -168,47 +207,70 @@ class DetectionEngine:
         self._feed_back_at = max(self._feed_back_at, now)
         self._last_heard = max(self._last_heard, now)
 
-    def on_events(self, events: Iterable[Envelope], now: float, replay: bool = False) -> list[DetectorFinding]:
+    def on_events(self, events: Iterable[Envelope], now: float, replay: bool = False, written: float | None = None,
+                  feed: Any = None) -> list[DetectorFinding]:
         """Feed one message's events; return the findings they raise or clear.
 
-        Duplicated event ids and events from the future are skipped here.
+        Duplicated event ids and events from the future are skipped here (the
+        latter are listed in :attr:`refused_future` until the next call).
         ``replay``: read again from the log to rebuild state (a takeover): how
         late they arrive now says nothing about the delivery delay.
+        ``written`` and ``feed``: when the message was written to the log and
+        where it was read from (a partition); a worker that reads a feed far
+        behind judges no silence until it caught up (``max_feed_lag_s``).
         """
         self._replaying = replay
         events = events if isinstance(events, list) else list(events)
-        if events:
-            self.heard(now)
+        self.refused_future = []
+        if written is not None and not replay:
+            lag = now - written
+            least = self._feed_window.get(feed)
+            if least is None or lag < least:
+                self._feed_window[feed] = lag
+        if not events:
+            return []
+        self.heard(now)
         out: list[DetectorFinding] = []
-        batches: dict[tuple[str, str, str], list[Envelope]] = {}
+        batches: dict[tuple[str, str, str], list[Any]] = {}
+        seen = self._seen_ids
+        pers_of = self._pers
+        limit = now + self.params.max_future_s
         for event in events:
-            if event.event_id in self._seen_ids or self.future(event, now):
+            ident = event.event_id.int
+            if ident in seen:
                 continue
-            self._seen_ids[event.event_id] = None
-            if len(self._seen_ids) > 200_000:
-                self._seen_ids.popitem(last=False)
+            at = event.event_time.timestamp()
+            if at > limit:
+                self.refused_future.append(event)
+                continue
+            seen.add(ident)
             etype: str = event.event_type  # type: ignore[attr-defined]
-            for per in self._pers.get(etype, ()):
-                name = getattr(event.source, per)
+            pers = pers_of.get(etype)
+            if not pers:
+                continue
+            source = event.source
+            for per in pers:
+                name = source.job if per == "job" else source.node
                 if name is None:
                     continue
-                out += self._route(per, name, etype, event, now, batches)
-        for (per, name, det_name), items in batches.items():
+                found = self._route(per, name, etype, event, at, now, batches)
+                if found:
+                    out += found
+        for (per, name, det_name), (items, t) in batches.items():
             key = self._keys(per)[name]
             det = key.detectors[det_name]
-            det.observe_batch(items, t=max(to_seconds(e.event_time) for e in items), context=key)
+            det.observe_batch(items, t=t, context=key)
             out += self._diff(key, det, now)
         return out
 
     def _keys(self, per: str) -> dict[str, _Key]:
         return self.jobs if per == "job" else self.nodes
 
-    def _route(self, per: str, name: str, etype: str, event: Envelope, now: float,
-               batches: dict[tuple[str, str, str], list[Envelope]]) -> list[DetectorFinding]:
-        keys = self._keys(per)
+    def _route(self, per: str, name: str, etype: str, event: Envelope, at: float, now: float,
+               batches: dict[tuple[str, str, str], list[Any]]) -> list[DetectorFinding]:
+        keys = self.jobs if per == "job" else self.nodes
         key = keys.get(name)
-        at = to_seconds(event.event_time)
-        ended = self._ended.get((per, name))
+        ended = self._ended.get((per, name)) if self._ended else None
         if ended is not None and (etype in _JOB_LIVENESS or etype in self._node_liveness):
             if at <= ended:
                 return []  # a sign of life in flight when it ended: the past, not a new start
@@ -239,11 +301,17 @@ class DetectionEngine:
             if det is None:
                 if cls.silence and stale:
                     continue
-                det = key.detectors[cls.name] = cls.for_key(name, **self.params.detectors.get(cls.name, {}))
+                det = self._make(key, cls)
             if cls.batch:
-                batches.setdefault((per, name, cls.name), []).append(event)
+                batch = batches.get((per, name, cls.name))
+                if batch is None:
+                    batches[(per, name, cls.name)] = [[event], at]
+                else:
+                    batch[0].append(event)
+                    if at > batch[1]:
+                        batch[1] = at
                 continue
-            det.observe(event, t=to_seconds(event.event_time), context=key)
+            det.observe(event, t=at, context=key)
             out += self._diff(key, det, now)
             emitted = det.emitted()
             if emitted and key.steps is not None:  # progress inferred from the collective period
@@ -261,7 +329,7 @@ class DetectionEngine:
             for cls in self._routes.get((key.per, kind), ()):
                 det = key.detectors.get(cls.name)
                 if det is None:
-                    det = key.detectors[cls.name] = cls.for_key(key.name, **self.params.detectors.get(cls.name, {}))
+                    det = self._make(key, cls)
                 det.observe(item, t=item.end, context=key)
                 out += self._diff(key, det, now)
         return out
@@ -270,26 +338,31 @@ class DetectionEngine:
         key = self._keys(per)[name] = _Key(per, name, cluster, self)
         return key
 
+    def _make(self, key: _Key, cls: type[Detector]) -> Detector:
+        """The key's instance of ``cls``, registered with the timers that drive it."""
+        det = key.detectors[cls.name] = cls.for_key(key.name, **self.params.detectors.get(cls.name, {}))
+        if cls.silence:
+            self._silence[0 if key.per == "node" else 1][(key.name, cls.name)] = (key, det)
+        elif cls.tick is not Detector.tick:
+            self._windows[(key.per, key.name, cls.name)] = (key, det)
+        return det
+
+    def _drop_key(self, per: str, name: str) -> _Key | None:
+        """Forget a job or node and unregister its detectors from the timers."""
+        key = self._keys(per).pop(name, None)
+        if key is not None:
+            silence = self._silence[0 if per == "node" else 1]
+            for det_name in key.detectors:
+                silence.pop((name, det_name), None)
+                self._windows.pop((per, name, det_name), None)
+        return key
+
     def detector(self, per: str, name: str, detector: str) -> Detector | None:
         """The instance of ``detector`` for job or node ``name``, if it exists."""
         key = self._keys(per).get(name)
         return key.detectors.get(detector) if key is not None else None
 
     # -- timers ------------------------------------------------------------
-    def _silent(self, last_arrival: float, timeout_s: float, now: float, alone: bool) -> bool:
-        """Has this subject been silent past its timeout, as far as the worker can tell?
-
-        Only once the worker has heard something (data, or its broker) after
-        the subject's timeout ran out: a worker that cannot hear (its broker is
-        down) does not yet know it, so its own recent silence is no evidence.
-        Unless it tracks this subject alone (then it cannot tell), and not
-        counting the time before its feed came back.
-        """
-        since = max(last_arrival, self._feed_back_at)
-        if now - since <= timeout_s:
-            return False
-        return alone or self._last_heard - since > timeout_s
-
     def tick(self, now: float) -> list[DetectorFinding]:
         """Advance every timer to ``now``; return what that raises or clears.
 
@@ -298,26 +371,68 @@ class DetectionEngine:
         arriving from its subject: a worker reading a backlog (after a
         takeover, or while lagging) sees old timestamps that are not silence
         in the cluster. Onsets stay in event time.
+
+        Silence detectors are checked every tick (nodes first, then jobs); the
+        others only age their windows (holds of minutes), so each is ticked
+        once per ``window_tick_s``, a slice of them per tick: at 10 Hz over
+        thousands of nodes, all at once would stall the worker once a second.
         """
         out: list[DetectorFinding] = []
-        # Windows change on their samples; a tick only ages them (holds of minutes), so once a second
-        # is enough: at 10 Hz over thousands of nodes it would cost more than the telemetry itself.
-        windows = self._windows_ticked_at is None or now - self._windows_ticked_at >= self.params.window_tick_s
-        if windows:
-            self._windows_ticked_at = now
         alone = len(self.nodes) + len(self.jobs) <= 1
-        for keys in (self.nodes, self.jobs):
-            for key in keys.values():
-                for det in key.detectors.values():
-                    if type(det).tick is Detector.tick:
-                        continue  # no timer: nothing a tick could change
-                    if det.silence:
-                        if not self._silent(key.last_arrival, det.timeout_s, now, alone):  # type: ignore[attr-defined]
-                            continue
-                    elif not windows:
-                        continue
-                    det.tick(now)
-                    out += self._diff(key, det, now)
+        feed_back_at, last_heard = self._feed_back_at, self._last_heard
+        for registry in () if self.behind(now) else self._silence:
+            for key, det in registry.values():
+                # Silent past its timeout as far as the worker can tell: only once it heard something
+                # (data, or its broker) after the timeout ran out (a worker that cannot hear does not
+                # know yet), unless it tracks this subject alone; not counting the time before its
+                # feed came back. Inlined: thousands of subjects every tick.
+                since = key.last_arrival if key.last_arrival > feed_back_at else feed_back_at
+                timeout = det.timeout_s  # type: ignore[attr-defined]
+                if now - since <= timeout or not (alone or last_heard - since > timeout):
+                    continue
+                det.tick(now)
+                out += self._diff(key, det, now)
+        out += self._tick_windows(now)
+        return out
+
+    def behind(self, now: float) -> bool:
+        """Is the worker reading some feed far behind (see ``max_feed_lag_s``)?
+
+        Judged at each tick from the messages read since the previous one; a
+        feed stays behind until fresher messages are read from it, or for as
+        long as it was behind (a partition whose writers all stopped has
+        nothing fresher to show).
+        """
+        if self._feed_window:
+            for feed, lag in self._feed_window.items():
+                self._feeds[feed] = (now, lag)
+            self._feed_window = {}
+        limit = self.params.max_feed_lag_s
+        return any(lag > limit and now - seen < lag for seen, lag in self._feeds.values())
+
+    def _tick_windows(self, now: float) -> list[DetectorFinding]:
+        """Tick the share of the window detectors due since the last tick (all of them per window_tick_s)."""
+        out: list[DetectorFinding] = []
+        windows = self._windows
+        if not windows:
+            self._windows_ticked_at = now
+            return out
+        last = self._windows_ticked_at
+        share = 1.0 if last is None else min(1.0, max(0.0, now - last) / self.params.window_tick_s)
+        self._windows_ticked_at = now
+        self._window_credit = min(float(len(windows)), self._window_credit + share * len(windows))
+        while self._window_credit >= 1.0:
+            if not self._window_cycle:
+                self._window_cycle = list(windows)
+                self._window_cycle.reverse()  # popped from the end: oldest first
+            ref = self._window_cycle.pop()
+            self._window_credit -= 1.0
+            entry = windows.get(ref)
+            if entry is None:
+                continue  # dropped since the cycle began
+            key, det = entry
+            det.tick(now)
+            out += self._diff(key, det, now)
         return out
 
     # -- lifecycle ---------------------------------------------------------
@@ -329,19 +444,19 @@ class DetectionEngine:
             if event.state in JOB_ENDED:
                 return self._end("job", job, now, at)
             if job in self.jobs:  # its detectors that follow its lifecycle (the hang detector's warm-up)
-                return self._route("job", job, "job_state", event, now, {})
+                return self._route("job", job, "job_state", event, at, now, {})
             return []
         if isinstance(event, NodeState) and event.source.node:
             if event.state in NODE_AWAY:
                 return self._end("node", event.source.node, now, at)
-            return self._route("node", event.source.node, "node_state", event, now, {})
+            return self._route("node", event.source.node, "node_state", event, at, now, {})
         return []
 
     def forget(self, nodes: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
         """Drop the state of subjects whose partitions moved to another worker."""
         for per, names in (("node", nodes), ("job", jobs)):
             for name in names:
-                self._keys(per).pop(name, None)
+                self._drop_key(per, name)
                 for k in [k for k in self._reported if k[0] == f"{per}:{name}"]:
                     del self._reported[k]
 
@@ -351,7 +466,7 @@ class DetectionEngine:
         if len(self._ended) > 100_000:  # bounded: the oldest ends are long past
             for k in sorted(self._ended, key=self._ended.__getitem__)[:10_000]:
                 del self._ended[k]
-        key = self._keys(per).pop(name, None)
+        key = self._drop_key(per, name)
         out: list[DetectorFinding] = []
         owner = f"{per}:{name}"
         for k in [k for k in self._reported if k[0] == owner]:
@@ -364,7 +479,7 @@ class DetectionEngine:
         findings = getattr(det, "findings", None)
         current: list[Finding] = list(findings) if findings is not None else \
             ([det.finding] if det.finding is not None else [])
-        owner = f"{key.per}:{key.name}"
+        owner = key.owner
         if det.transient:
             return [self._raised(key, det, f) for f in current]
         reported = self._reported.get((owner, det.name))

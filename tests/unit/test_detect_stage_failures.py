@@ -19,11 +19,11 @@ def test_an_event_a_detector_crashes_on_is_dead_lettered_and_the_rest_go_on():
     real = stage.engine.on_events
     seen: list[int] = []
 
-    def buggy(events, now, replay=False):  # a detector that divides by zero on heartbeat seq 2
+    def buggy(events, now, replay=False, **where):  # a detector that divides by zero on heartbeat seq 2
         if any(e.seq == 2 for e in events):
             raise ZeroDivisionError("division by zero")
         seen.extend(e.seq for e in events)
-        return real(events, now, replay=replay)
+        return real(events, now, replay=replay, **where)
 
     stage.engine.on_events = buggy  # type: ignore[method-assign]
     beats = [Heartbeat(event_time=from_seconds(T0), source=Source(cluster="c", node="n1"), seq=s, interval_s=1.0)

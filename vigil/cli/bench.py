@@ -96,29 +96,70 @@ def bench_detectors(
 @bench_app.command("pipeline")
 def bench_pipeline(
     json_path: Path = typer.Option(Path("bench/results/pipeline.json"), "--json", help="Where to write the results."),
-    seconds: float = typer.Option(20.0, min=2, help="Seconds of a 4,096-GPU cluster's telemetry to push through."),
-    rounds: int = typer.Option(2, min=1, help="Latency rounds (each a ~40 s live cluster with a dozen faults)."),
+    load_gpus: str = typer.Option("2000,5000,10000,25000,50000", "--load-gpus",
+                                  help="GPUs per worker to carry, comma-separated: the capacity curve, lowest first."),
+    workers: int = typer.Option(1, "--workers", min=1, help="Detection workers sharing the load."),
+    faults_per_kind: int = typer.Option(100, "--faults-per-kind", min=1,
+                                        help="Faults of each kind per point (a p99 needs 100)."),
+    throughput_workers: str = typer.Option("1,2", "--throughput-workers",
+                                           help="Worker counts for the backlog throughput ('' skips it)."),
+    throughput_gpus: int = typer.Option(25_000, "--throughput-gpus", help="Cluster whose telemetry makes the backlog."),
+    throughput_seconds: float = typer.Option(120.0, "--throughput-seconds", min=10,
+                                             help="Seconds of that cluster's telemetry in the backlog."),
+    seed: int = typer.Option(0, help="Seed of the cluster and its faults."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Run every point, not only up to the first that misses."),
 ) -> None:
-    """Records/s through 1 and 2 detection workers, and fault-to-alert latency per kind.
+    """Alert latency while workers carry a large cluster's telemetry; capacity; throughput on a backlog.
 
-    Runs on its own embedded broker; takes a few minutes. Writes JSON and
-    prints a table.
+    For each N in --load-gpus: a fresh embedded broker, the workers, and a
+    generated N-GPU cluster (node samples at 1 Hz, every job step with every
+    rank's timings, job states) with --faults-per-kind faults of each kind
+    (exception, process exit, xid, node lost, hang, fail-slow) at random
+    times; each fault's delay to the first alert naming its cause, the
+    workers' consumer lag and RSS. The generator and the broker run on core
+    0, the workers on the others. Then the largest N that held every target
+    and a projection for 100k and 1M GPUs. A point takes about 12 minutes
+    (node losses are spaced 6.5 s apart). Writes JSON and prints a table.
     """
-    require_server("bench pipeline")
-    from vigil.bench.pipeline import run
+    import shlex
+    import sys
 
+    require_server("bench pipeline")
+    from vigil.bench.pipeline import TARGETS, run
+
+    sizes = tuple(int(x) for x in load_gpus.split(",") if x.strip())
+    tp = tuple(int(x) for x in throughput_workers.split(",") if x.strip())
+    # every argument, an empty one too (--throughput-workers '' skips the throughput): the command must rerun as is
+    command = "vigil bench pipeline " + " ".join(shlex.quote(a) for a in sys.argv[3:]) if len(sys.argv) > 3 \
+        else "vigil bench pipeline"
     with console.status("starting...") as status:
-        result = run(str(json_path), seconds=seconds, latency_rounds=rounds,
+        result = run(str(json_path), load_gpus=sizes, workers=workers, faults_per_kind=faults_per_kind,
+                     throughput_workers=tp, throughput_gpus=throughput_gpus, throughput_seconds=throughput_seconds,
+                     seed=seed, stop_at_first_miss=not keep_going, command=command,
                      progress=lambda what: status.update(what + "..."))
     for n, rps in result["throughput"].items():
         d = result["throughput_detail"][n]
-        console.print(f"{n} worker(s): {rps:,} records/s ({d['records']:,} records in {d['seconds']} s)")
-    table = Table("fault", "p50 s", "p99 s", "n", "missed")
-    for kind, r in result["latency"].items():
-        table.add_row(kind, str(r["p50"]), str(r["p99"]), str(r["n"]), str(r["missed"]))
-    fs = result["fail_slow"]
-    table.add_row("fail_slow", f"{fs['p50_iterations']} it", f"{fs['p99_iterations']} it", str(fs["n"]), str(fs["missed"]))
+        console.print(f"backlog: {n} worker(s) {rps:,} records/s ({d['records']:,} records in {d['seconds']} s"
+                      f"{'' if d['sustained_30s'] else ', under 30 s'})")
+    kinds = list(TARGETS)
+    table = Table("GPUs/worker", "records/s", *[f"{k} p99" for k in kinds], "lag p99 s", "RSS MB", "met")
+    for p in result["capacity"]:
+        cells = []
+        for k in kinds:
+            e = p["latency"].get(k) or {}
+            if k == "hang":
+                e = {**e, **(e.get("excess_over_k_d_iter") or {})}
+            elif k == "fail_slow":
+                e = {**e, **(e.get("iterations") or {})}
+            value = e.get("p99") if e.get("p99") is not None else e.get("max")
+            cells.append("-" if value is None else f"{value:.3g}{'' if e.get('p99') is not None else ' (max)'}"
+                         + (f" {e['missed']} missed" if e.get("missed") else ""))
+        table.add_row(f"{p['gpus_per_worker']:,}", f"{p['records_per_s']:,}", *cells, str(p["lag_p99_s"]),
+                      str(p["rss_mb"]), "yes" if p["targets_met"] else "no")
     console.print(table)
+    console.print(f"targets: {', '.join(f'{k} {v}' for k, v in TARGETS.items())} (hang: excess over 3 x D_iter s; "
+                  f"fail-slow: iterations)")
+    console.print(f"largest load meeting every target: {result['max_gpus_per_worker_meeting_targets']} GPUs per worker")
     console.print(f"written to {json_path}")
 
 

@@ -1,0 +1,128 @@
+"""The pipeline benchmark's scoring: which alert answers which fault, percentiles, targets (hand-made cases)."""
+
+from __future__ import annotations
+
+import math
+import uuid
+
+from vigil.bench.pipeline import MIN_P99_SAMPLES, match, merge, percentile, quantile_ci, summarize, targets_met
+from vigil.schemas import Alert, Source, Subject, from_seconds
+from vigil.sim.load import Injection
+from vigil.sim.simulator import Fault
+
+
+def alert(kind, subject, incident=None, status="open", evidence=()):
+    return Alert(event_time=from_seconds(0.0), source=Source(), incident_id=incident or uuid.uuid4(), incident_version=1,
+                 status=status, severity=2, kind=kind, subject=Subject(**subject), onset_time=from_seconds(0.0),
+                 detection_time=from_seconds(0.0), detector="x", detector_version="1", evidence=list(evidence))
+
+
+def exc(job, at, ended=None):
+    return Injection("exception", Fault("exception", job, at, injected_at=at), job=job, iteration_s=1.0,
+                     ended_at=ended if ended is not None else at + 8.0)
+
+
+def test_the_first_alert_naming_the_cause_after_injection_counts():
+    inj = exc("j1", 100.0)
+    alerts = [(alert("cuda_error", {"job": "j1"}), 99.0),            # before the fault: not it
+              (alert("cuda_error", {"job": "j2"}), 100.1),           # another job
+              (alert("task_hang", {"job": "j1"}), 100.2),            # not its cause
+              (alert("cuda_error", {"job": "j1"}, status="resolved"), 100.3),
+              (alert("cuda_error", {"job": "j1", "rank": 3}), 100.4)]  # it (a narrower subject is fine)
+    [row] = match([inj], alerts)["faults"]
+    assert math.isclose(row["delay_s"], 0.4) and row["incidents"] == 1
+
+
+def test_a_fault_with_no_alert_is_missed_and_an_alert_with_no_fault_is_unexplained():
+    out = match([exc("j1", 100.0)], [(alert("xid", {"node": "n1"}), 101.0)])
+    assert out["faults"][0]["delay_s"] is None
+    assert out["unexplained_incidents"] == {"xid": 1}
+
+
+def test_an_incident_answers_one_fault():
+    """A later fault of the same job is not credited with the earlier fault's incident's update."""
+    first, second = exc("j1", 100.0, ended=108.0), exc("j1", 120.0, ended=128.0)
+    inc = uuid.uuid4()
+    alerts = [(alert("cuda_error", {"job": "j1"}, inc), 100.2), (alert("cuda_error", {"job": "j1"}, inc), 121.0)]
+    rows = match([first, second], alerts)["faults"]
+    assert math.isclose(rows[0]["delay_s"], 0.2) and rows[1]["delay_s"] is None
+
+
+def test_two_incidents_for_one_fault_are_counted():
+    alerts = [(alert("cuda_error", {"job": "j1"}), 100.2), (alert("cuda_error", {"job": "j1"}), 100.9)]
+    [row] = match([exc("j1", 100.0)], alerts)["faults"]
+    assert row["incidents"] == 2
+
+
+def test_a_fail_slow_is_answered_by_its_gpu_or_its_job_and_counted_in_iterations():
+    f = Fault("gpu_slow", "n1", 10.0, gpu=2, injected_at=100.0, onset_at=100.5)
+    inj = Injection("fail_slow", f, job="j1", iteration_s=1.0, slowed_iteration_s=2.0, ended_at=150.0)
+    alerts = [(alert("throttle", {"node": "n1", "gpu": 3}), 101.0),  # another GPU
+              (alert("throttle", {"node": "n1", "gpu": 2}), 104.5),
+              (alert("throttle", {"node": "n1", "gpu": 2}, evidence=[{"kind": "fail_slow", "subject": {"job": "j1"}}]),
+               110.5)]
+    [row] = match([inj], alerts)["faults"]
+    assert math.isclose(row["iterations"], 2.0) and math.isclose(row["job_iterations"], 5.0)
+
+
+def test_hang_excess_is_over_k_times_its_jobs_step():
+    inj = Injection("hang", Fault("hang", "j1", 0.0, injected_at=100.0), job="j1", iteration_s=2.0, ended_at=120.0)
+    [row] = match([inj], [(alert("task_hang", {"job": "j1"}), 106.5)])["faults"]
+    assert math.isclose(row["excess_s"], 0.5)
+
+
+def test_percentiles_are_nearest_rank_and_a_miss_is_infinite():
+    values = [float(i) for i in range(1, 101)]
+    assert percentile(values, 0.5) == 50.0 and percentile(values, 0.99) == 99.0
+    assert percentile(values[:99] + [math.inf], 0.99) == 99.0
+    assert percentile(values[:98] + [math.inf, math.inf], 0.99) is None
+    assert percentile([], 0.5) is None
+
+
+def _rows(kind, n, delay, missed=0):
+    rows = [{"kind": kind, "delay_s": delay, "incidents": 1} for _ in range(n - missed)]
+    return rows + [{"kind": kind, "delay_s": None, "incidents": 0} for _ in range(missed)]
+
+
+def test_no_p99_from_fewer_than_100_faults():
+    lat = summarize({"faults": _rows("exception", 99, 0.1)})
+    assert lat["exception"]["p99"] is None and lat["exception"]["max"] == 0.1 and lat["exception"]["n"] == 99
+    lat = summarize({"faults": _rows("exception", MIN_P99_SAMPLES, 0.1)})
+    assert lat["exception"]["p99"] == 0.1 and "max" not in lat["exception"]
+
+
+def test_a_target_needs_100_faults_none_missed_and_the_p99_within_it():
+    met = lambda rows: targets_met(summarize({"faults": rows}), 500.0)["exception"]  # noqa: E731
+    assert met(_rows("exception", 100, 0.15))
+    assert not met(_rows("exception", 100, 0.25))           # too slow
+    assert not met(_rows("exception", 99, 0.15))            # too few for a p99
+    assert not met(_rows("exception", 100, 0.15, missed=1))  # one fault never alerted
+    assert not targets_met(summarize({"faults": _rows("exception", 100, 0.15)}), 2048.0)["rss"]
+
+
+def test_quantile_intervals_are_the_order_statistics_of_the_binomial():
+    # the textbook ranks: the median of 100 lies between the 40th and 61st values (95 %), of 10 the 2nd and 9th
+    assert quantile_ci([float(x) for x in range(1, 101)], 0.5) == [40.0, 61.0]
+    assert quantile_ci([float(x) for x in range(10, 0, -1)], 0.5) == [2.0, 9.0]
+    # a p99 of 100 values: bounded below by the 97th, not above (no rank beyond the sample)
+    assert quantile_ci([float(x) for x in range(1, 101)], 0.99) == [97.0, None]
+    # a missed fault at an end leaves it unbounded
+    assert quantile_ci([1.0, 2.0, math.inf, math.inf, math.inf], 0.5)[1] is None
+    assert quantile_ci([], 0.5) is None
+
+
+def test_merge_keeps_every_part_and_recomputes_the_verdict():
+    def part(command, throughput, points, wall):
+        return {"command": command, "throughput": throughput, "throughput_detail": {},
+                "capacity": [{"gpus_per_worker": g, "workers": 1, "targets_met": ok, "rss_mb": 100.0 + g / 100,
+                              "records_per_s": 2 * g, "worker_cpu_us_per_record": 5.0} for g, ok in points],
+                "machine": {"load_before": [float(wall)], "load_after": [float(wall) + 1]}, "wall_s": wall}
+
+    out = merge([part("a", {"1": 100}, [(2000, True), (25000, True)], 10),
+                 part("b", {"2": 150}, [(25000, False), (5000, True)], 20)])
+    assert out["throughput"] == {"1": 100, "2": 150}
+    assert [p["gpus_per_worker"] for p in out["capacity"]] == [2000, 5000, 25000]
+    assert out["max_gpus_per_worker_meeting_targets"] == 5000  # the later 25,000 point missed
+    assert out["command"] == ["a", "b"] and out["wall_s"] == 30
+    assert out["machine"]["load_before"] == [10.0] and out["machine"]["load_after"] == [21.0]
+    assert out["projection"]["100000"]["workers"] == 20

@@ -1,0 +1,70 @@
+"""A worker that falls behind its feed does not read the gaps in its own reading as nodes gone silent.
+
+The cluster: 40 healthy nodes, one heartbeat a second each, written to one
+partition. The worker reads that partition at a fifth of the rate it is
+written for a while (an overloaded worker, or one starved of CPU), then at full
+speed. Ground truth: no node is lost, except ``n07``, which stops at a known
+time after the worker caught up.
+"""
+
+from __future__ import annotations
+
+from vigil.schemas import Heartbeat, Source, from_seconds
+from vigil.streams.engine.detection import DetectionEngine
+
+T0 = 1_700_000_000.0
+NODES = [f"n{i:02d}" for i in range(40)]
+FEED = ("vigil.telemetry.node", 0)
+
+
+def log(until: float, dead: dict[str, float]) -> list[Heartbeat]:
+    """Every heartbeat written up to ``until`` (seconds after T0), in write order."""
+    out = []
+    for k in range(int(until) + 1):
+        for i, n in enumerate(NODES):
+            t = T0 + k + i / len(NODES)
+            if t - T0 <= until and t < dead.get(n, float("inf")):
+                out.append(Heartbeat(event_time=from_seconds(t), source=Source(node=n), seq=k, interval_s=1.0))
+    return out
+
+
+def replay(engine: DetectionEngine, beats: list[Heartbeat], speed_until: list[tuple[float, float]],
+           with_written: bool) -> list[tuple[str, float]]:
+    """Read ``beats`` in order: at each reading speed (log seconds per wall second) until a wall time;
+    tick every 0.1 s of wall time; return (node, wall time) of each node_lost raised."""
+    raised = []
+    wall = T0
+    i = 0
+    for speed, until in speed_until:
+        while wall < T0 + until and i < len(beats):
+            wall += 0.1
+            log_now = T0 + (wall - T0) * speed if speed < 1 else wall  # how far the worker has read
+            while i < len(beats) and beats[i].event_time.timestamp() <= min(log_now, wall):
+                written = beats[i].event_time.timestamp()
+                kw = {"written": written, "feed": FEED} if with_written else {}
+                engine.on_events([beats[i]], wall, **kw)
+                i += 1
+            raised += [(f.subject.node, wall) for f in engine.tick(wall)
+                       if f.kind == "node_lost" and f.status == "raised"]
+    return raised
+
+
+def test_a_worker_reading_far_behind_reports_no_silence_it_caused():
+    beats = log(60.0, dead={})
+    # 20 s at a fifth of the write rate: the worker falls 16 s behind
+    slow = [(0.2, 20.0)]
+    assert replay(DetectionEngine(), beats, slow, with_written=True) == []
+    # without knowing when messages were written, the gaps in its reading look like 40 silent nodes
+    blind = replay(DetectionEngine(), beats, slow, with_written=False)
+    assert len({n for n, _ in blind}) == len(NODES)
+
+
+def test_once_caught_up_a_real_loss_is_reported():
+    dead_at = T0 + 40.0
+    beats = log(70.0, dead={"n07": dead_at})
+    engine = DetectionEngine()
+    # behind for 20 s, then it reads everything at once and keeps up from there
+    raised = replay(engine, beats, [(0.2, 20.0), (1.0, 75.0)], with_written=True)
+    assert [n for n, _ in raised] == ["n07"]
+    [(_, at)] = raised
+    assert dead_at < at < dead_at + 3.0
