@@ -7,24 +7,25 @@ import subprocess
 import pytest
 
 from vigil.detectors.chain import RunChain
-from vigil.producers.agent.walltime import due, grace_s, parse_deadline, queued_successors, slurm_end_time
+from vigil.producers.agent.walltime import EXIT_S, due, grace_s, parse_deadline, queued_successors, slurm_end_time
 from vigil.schemas import JobState, Source, from_seconds
 
 
-def test_grace_is_safety_times_longest_step_plus_checkpoint():
+def test_grace_is_safety_times_longest_step_plus_checkpoint_plus_the_exit():
     # steps of 1.5 s and 2.0 s, checkpoints of 40 s and 55 s: the longest of each, twice
-    assert grace_s(2.0, 55.0) == pytest.approx(2 * (2.0 + 55.0))
-    assert grace_s(2.0, 55.0, safety=3.0) == pytest.approx(3 * 57.0)
+    assert grace_s(2.0, 55.0) == pytest.approx(2 * (2.0 + 55.0) + EXIT_S)
+    assert grace_s(2.0, 55.0, safety=3.0) == pytest.approx(3 * 57.0 + EXIT_S)
+    assert grace_s(2.0, 55.0, exit_s=0.0) == pytest.approx(2 * 57.0)
     # before the hooks measured anything the operator's estimate stands in
-    assert grace_s(2.0, None, default_checkpoint_s=120.0) == pytest.approx(2 * 122.0)
+    assert grace_s(2.0, None, default_checkpoint_s=120.0) == pytest.approx(2 * 122.0 + EXIT_S)
     with pytest.raises(ValueError):
         grace_s(1.0, 1.0, safety=0.5)
 
 
 def test_due_when_time_left_falls_below_grace():
-    deadline, grace = 10_000.0, grace_s(2.0, 55.0)  # 114 s
-    assert not due(deadline, deadline - 114.1, grace)
-    assert due(deadline, deadline - 114.0, grace)
+    deadline, grace = 10_000.0, grace_s(2.0, 55.0)  # 117 s
+    assert not due(deadline, deadline - 117.1, grace)
+    assert due(deadline, deadline - 117.0, grace)
     assert due(deadline, deadline + 5.0, grace)  # past it: at once
     assert not due(None, 1e12, grace)  # no known end: never
 

@@ -84,7 +84,8 @@ def agent(
         "0: stop at once."),
     grace_safety: float = typer.Option(
         _d("grace_safety"), min=1.0, help="Save and leave when the time left falls below this many times "
-        "(the longest recent step + the longest recent checkpoint), both measured by the hooks."),
+        "(the longest recent step + the longest recent checkpoint), both measured by the hooks, plus 3 s for "
+        "the ranks to exit."),
     checkpoint_estimate: float = typer.Option(
         _d("checkpoint_estimate"), min=0.0, help="Seconds a checkpoint is assumed to take until the hooks measured one."),
     duration: Optional[float] = typer.Option(None, help="Stop after this many seconds (default: run until stopped)."),
@@ -127,7 +128,7 @@ def agent(
     Long runs (a chain of jobs under a time limit; examples/slurm/): the
     agent knows when the job must end (--deadline, SLURM_JOB_END_TIME or
     squeue) and, when the time left falls below --grace-safety x (longest
-    step + longest checkpoint), asks the ranks to save and exit over their
+    step + longest checkpoint) + 3 s to exit, asks the ranks to save and exit over their
     control channel (the hooks' mon.start_control); so too on --warn-signal
     and, within --term-grace, on SIGTERM. It reports "time_limit" or
     "preempted" with the step saved, not a failure, and exits 0 so the next

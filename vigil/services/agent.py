@@ -337,7 +337,7 @@ class NodeAgent:
             grace = self._grace()
             if due(self.deadline, now, grace + WALLTIME_TICK_S):  # checked once a tick: up to one tick late
                 self._leave("time_limit", f"time limit at {self.deadline:.0f}: {self.deadline - now:.1f} s left, "  # type: ignore[operator]
-                            f"a step and a checkpoint need {grace:.1f} s", max(0.0, self.deadline - now))  # type: ignore[operator]
+                            f"a step, a checkpoint and the exit need {grace:.1f} s", max(0.0, self.deadline - now))  # type: ignore[operator]
 
     # -- running -------------------------------------------------------------------------------------------
     def health(self) -> dict[str, str]:
