@@ -55,10 +55,13 @@ from typing import Any, Callable
 from vigil.bench.command import reproducing_command
 from vigil.bench.machine import measured
 from vigil.schemas import EVENT_TYPES, topic_name
+from vigil.schemas.events import NodeState
 from vigil.schemas.envelope import EARLIEST, LATEST
 from vigil.schemas.tables import TABLE_SPECS
 
 INT64_MAX = 2**63 - 1
+#: The schema's bound on a node state's reason: a good event stays within it, a bad one goes one past.
+REASON_MAX = next(m.max_length for m in NodeState.model_fields["reason"].metadata if hasattr(m, "max_length"))
 #: The namespace of ids derived from content, as documented (vigil.schemas.codec.content_id); the
 #: generator derives the ids it expects itself, rather than asking the code under test.
 _CONTENT_NS = uuid.UUID("3d0c6f2a-9a7e-4f44-b1c5-8a0e2e6c4b71")
@@ -175,7 +178,8 @@ class Generator:
         elif et == "job_state":
             base |= {"state": "running", "nodes": [node], "gpus": 8}
         elif et == "node_state":
-            base |= {"state": "healthy", "reason": self._text()}
+            reason = "r" * REASON_MAX if edge else self._text()[:REASON_MAX]
+            base |= {"state": "healthy", "reason": reason}
         elif et == "agent_health":
             base |= {"collector": "nvml", "status": "failed", "problem": "/dev/nvidia0 unreadable", "detail": self._text()}
         elif et == "events_dropped":
@@ -283,6 +287,10 @@ class Generator:
         elif kind == "bad_name":
             src["node"] = self.rng.choice(["n\x00", "node-07\n", "\u202enode", "a b", "ALL,x", "n" * 257, "-rf",
                                            "node[1-64]", "\u2066x", ""])
+        elif kind == "reason_too_long":
+            ev.update(event_type="node_state", state="healthy", reason="r" * (REASON_MAX + 1))
+            for field in set(ev) - {"event_type", "version", "event_id", "event_time", "source", "state", "reason"}:
+                del ev[field]
         elif kind == "null_id":
             ev["event_id"] = None
         elif kind == "bad_id":
@@ -333,6 +341,8 @@ class Generator:
             m.topic_type = self.rng.choice(["heartbeat", "gpu_telemetry", "node_samples", "iteration"])
         elif m.label == "dead_letter_offset":
             m.topic_type = "dead_letter"
+        elif m.label == "reason_too_long":
+            m.topic_type = "node_state"
         self.sent.append(m)
         return m
 
@@ -343,7 +353,8 @@ _GOOD_TYPES = ["heartbeat", "gpu_telemetry", "nic_counters", "iteration", "itera
 _BAD_KINDS = ["binary", "truncated", "no_value", "empty_array", "empty_bytes", "deep", "huge", "scalar",
               "invalid_utf8", "unknown_type", "unknown_version", "missing_version", "version_string", "bool_for_int",
               "missing_field", "rank_2_64", "negative", "gpu_1024", "nan", "inf", "naive_time", "far_time", "bad_name",
-              "null_id", "bad_id", "extra_field", "wrong_topic", "dead_letter_offset", "not_an_object_item"]
+              "null_id", "bad_id", "extra_field", "wrong_topic", "dead_letter_offset", "not_an_object_item",
+              "reason_too_long"]
 #: How often a malformed kind is drawn relative to the others ("huge" is rare: it is slow to move).
 _BAD_KINDS = [k for k in _BAD_KINDS for _ in range(1 if k == "huge" else 6)]
 
