@@ -137,3 +137,47 @@ def test_grafana_has_a_vigil_health_row_on_a_prometheus_datasource_variable_with
                    "vigil_sink_rows_inserted_total", "vigil_sink_retries_total", "vigil_publisher_spool_bytes",
                    "vigil_publisher_failures_total"):
         assert wanted in used, wanted
+
+
+def test_the_agent_acls_cover_every_topic_the_agent_and_hooks_publish():
+    """Each event class built under producers/ (and the agent's service) lands on a topic the agent may write.
+
+    The agent's lifecycle events (state.jobs, state.nodes) came after the ACLs were written, and an
+    ACL'd Kafka would have refused them: the list of what is published is read from the source here.
+    """
+    import re
+
+    import vigil.schemas.events as events
+    from vigil.schemas import topic_name
+
+    root = INFRA.parent
+    sources = [*(root / "producers").rglob("*.py"), *(root / "vigil/services").glob("agent*.py")]
+    built = set()
+    for path in sources:
+        built |= set(re.findall(r"\b([A-Z][A-Za-z]+)\(", path.read_text()))
+    published = {cls.model_fields["event_type"].default for name in built
+                 if isinstance(cls := getattr(events, name, None), type) and "event_type" in getattr(cls, "model_fields", {})}
+    assert {"heartbeat", "node_state", "job_state", "gpu_telemetry"} <= published  # the scan found the agent's events
+
+    def agent_writable(script: str, prefix: str) -> list[str]:
+        """The topics (``name*`` for a prefix) the ACL lines of ``script`` let User:agent write."""
+        topics = []
+        for line in script.splitlines():
+            if "User:agent" not in line or "--operation Write" not in line or "--topic" not in line:
+                continue
+            pattern = line.split("--topic", 1)[1].split()[0].rstrip(";").strip('"').replace("$$", "$")
+            loop = re.match(r"\s*for t in ([^;]+); do", line)
+            for name in loop.group(1).split() if loop else [None]:
+                topic = pattern.replace("$t", name) if name else pattern
+                topic = topic.replace("$T", prefix)
+                topics.append(topic + ("*" if "prefixed" in line else ""))
+        return topics
+
+    compose = yaml.safe_load((INFRA / "compose.yaml").read_text())["services"]["kafka-acls"]["command"][0]
+    readme = (root / "README.md").read_text().split("**Least privilege on an existing Kafka.**", 1)[1]
+    for script in (compose, readme):
+        allowed = agent_writable(script, "vigil")
+        for event_type in sorted(published):
+            topic = topic_name(event_type, "vigil")
+            assert any(topic == a or (a.endswith("*") and topic.startswith(a[:-1])) for a in allowed), \
+                f"the agent publishes {event_type} to {topic}, which its ACLs {allowed} do not let it write"
