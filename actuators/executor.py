@@ -14,7 +14,10 @@ time and returns the events to publish:
   ``failed`` result under an id of its own (``decision_id`` derived from the
   refused decision's, so that the decision engine never takes it for the
   outcome of a decision it made), nothing recorded under the decision's id,
-  nothing executed, and a sev2 ``actuator_refused_decision`` alert;
+  nothing executed, and a sev2 ``actuator_refused_decision`` alert; the same
+  for a message on the decisions topic that is no valid decision at all
+  (:meth:`Executor.undecodable`: a target the schema refuses, such as
+  ``node[1-64]``), besides its dead letter;
 * a refusal (malformed plan, a name that stands for a set of nodes, unknown
   node or job, an action the backend does not support, a stale or
   future-dated decision, a safety refusal): ``pending -> failed``, one
@@ -41,10 +44,12 @@ to stamp when an action finished).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from datetime import datetime
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 from vigil.actuators.backends.base import Backend, Outcome
 from vigil.actuators.errors import ActionCancelled, PlanError
@@ -358,6 +363,28 @@ class Executor:
                               decision_id=rid, state=ActionState.failed.value, backend=self.backend_label,
                               detail=detail[:4000])
         return [result, *self._refusal_alert(decision, kind, why, now, origin)]
+
+    def undecodable(self, raw: bytes, why: str, now: datetime, origin: str | None) -> list[Envelope]:
+        """A message on the decisions topic that is no valid decision, refused as one (besides its dead letter).
+
+        Whoever wrote it meant something to happen (a target of ``node[1-64]``, a forged action):
+        the operator hears of it as of any other refused decision, with what could be read of it.
+        """
+        fields: dict[str, Any] = {}
+        try:
+            parsed = json.loads(raw) if len(raw) <= 1 << 20 else None
+            fields = parsed if isinstance(parsed, dict) else {}
+        except (ValueError, RecursionError):
+            pass
+        try:
+            did = uuid.UUID(str(fields.get("decision_id")))
+        except ValueError:
+            did = uuid.uuid5(_NS, "undecodable/" + hashlib.sha256(raw).hexdigest())
+        action = fields.get("action")
+        action = action if isinstance(action, str) and NAME_RE.fullmatch(action) else "unreadable"
+        # Built without validation on purpose: it is what failed validation, kept only to be reported.
+        decision = Decision.model_construct(decision_id=did, action=action, signature=None, target=Subject())
+        return self._rejected(decision, "undecodable", f"not a valid decision: {why}", now, origin)
 
     def _refusal_alert(self, decision: Decision, kind: str, why: str, now: datetime,
                        origin: str | None) -> list[Alert]:

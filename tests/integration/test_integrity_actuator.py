@@ -2,7 +2,8 @@
 scontrol (a shell script that records its argv; no Slurm here).
 
 A decision forged by a client without the key, a decision naming ``ALL`` (after a NodeState for
-``ALL``), one naming ``node[1-64]``, one for a node announced only on the state topic, and a replay
+``ALL``), one naming ``node[1-64]`` (in its plan, and as its target: a message the schema refuses,
+refused out loud besides its dead letter), one for a node announced only on the state topic, and a replay
 of a signed decision: no backend call for any of them, each refused with the reason on
 ``<prefix>.actions`` and an alert. On the code before the fix: the forged decision, ``ALL`` and the
 state-topic node each ran ``scontrol update``, and nothing raised an alert.
@@ -10,6 +11,7 @@ state-topic node each ran ``scontrol update``, and nothing raised an alert.
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime, timezone
 
@@ -56,12 +58,18 @@ def test_forged_wildcard_unknown_and_replayed_decisions_run_nothing_and_are_repo
         }
         for d in attacks.values():
             producer.produce(topic, key=b"k", value=encode(d))
+        # A range as the target itself: the schema refuses it, so it never becomes a Decision; the raw
+        # message, signed by the real key over what it says, must still be refused out loud.
+        raw = json.loads(encode(decision("gpu-08")))
+        raw |= {"decision_id": str(uuid.uuid4()), "target": {"node": "node[1-64]"}}
+        producer.produce(topic, key=b"k", value=json.dumps(raw).encode())
         producer.produce(topic, key=b"k", value=encode(real))  # the replay: the same bytes, again
         producer.flush(10)
         expected = {"forged": "bad signature", "unsigned": "unsigned", "all": "names a set of nodes",
                     "range": "names a set of nodes", "state-topic node": "unknown node 'gpu-99'",
-                    "replayed": "replayed"}
-        ids = {**{k: str(d.decision_id) for k, d in attacks.items()}, "replayed": str(real.decision_id)}
+                    "replayed": "replayed", "range target": "not a valid decision"}
+        ids = {**{k: str(d.decision_id) for k, d in attacks.items()}, "replayed": str(real.decision_id),
+               "range target": raw["decision_id"]}
 
         def refusal(label: str):
             return [r for r in topics.results if r.state == "failed" and ids[label] in r.detail
@@ -79,7 +87,7 @@ def test_forged_wildcard_unknown_and_replayed_decisions_run_nothing_and_are_repo
                                 f"reason=vigil {str(real.decision_id)[:8]}: acceptance"]]
         # The refusals of what is not vigil's are under ids of their own: the decision engine, which
         # reads these results, never takes them for the outcome of one of its decisions.
-        for label in ("forged", "unsigned", "replayed"):
+        for label in ("forged", "unsigned", "replayed", "range target"):
             assert all(r.decision_id != uuid.UUID(ids[label]) for r in refusal(label))
         assert topics.states(real) == ["running", "succeeded"]
     finally:

@@ -275,3 +275,32 @@ def test_a_flood_of_refusals_raises_a_bounded_number_of_alerts(make):
     assert len(alerts) == 10
     later = split(ex.handle(decision(node="n1", sign=None), T0 + timedelta(seconds=61)))[1]
     assert len(later) == 1 and later[0].evidence_count == 41 and "40 more" in later[0].summary
+
+
+@pytest.mark.parametrize("raw", [
+    None,  # a signed decision whose target is a range (the schema refuses the name)
+    b'{"event_type": "decision", "action": "isolate_node", "target": {"node": "ALL\\n"}}',
+    b"\xff not json",
+    b'[1, 2]',
+])
+def test_a_message_on_the_decisions_topic_that_is_no_decision_is_refused_with_a_result_and_an_alert(make, raw):
+    ex = make()
+    did = uuid.uuid4()
+    if raw is None:
+        body = json.loads(encode(decision(node="n1", did=did)))
+        body["target"] = {"node": "node[1-64]"}
+        raw = json.dumps(body).encode()
+    decoded = decode(raw, ["decision"])
+    assert decoded.errors and not decoded.events  # it never becomes a Decision
+    out = ex.undecodable(raw, f"{decoded.errors[0].reason}: {decoded.errors[0].detail}", T0, "d/0/7")
+    results, alerts = split(out)
+    [result] = results
+    assert result.state == "failed" and "not a valid decision" in result.detail
+    assert result.decision_id != did  # an id of its own: never the outcome of a decision the engine made
+    [alert] = alerts
+    assert alert.kind == REFUSED_ALERT_KIND and alert.severity == 2 and alert.evidence[0]["refusal"] == "undecodable"
+    if b"node[1-64]" in raw:
+        assert alert.evidence[0]["decision_id"] == str(did) and str(did) in result.detail
+    assert not (ex.backend.log.exists())  # nothing ran
+    # the same message again (a redelivery) gives the same events, so downstream keeps one of each
+    assert [e.event_id for e in ex.undecodable(raw, "again", T0, "d/0/7")][:1] == [result.event_id]

@@ -175,6 +175,10 @@ class ActuatorService:
                 self.dead_letters += 1
                 log.warning("dead-lettered a message at %s/%d/%d: %s: %s", topic, partition, offset, err.reason,
                             err.detail)
+                if topic == self.decisions_topic:  # someone meant an action to happen: refuse it out loud
+                    for event in self.executor.undecodable(err.raw or (msg.value() or b""), f"{err.reason}: {err.detail}",
+                                                           self.clock(), f"{topic}/{partition}/{offset}"):
+                        self.publish(event)
             for event in decoded.events:
                 if topic == self.decisions_topic:
                     if not isinstance(event, Decision):
