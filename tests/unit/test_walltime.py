@@ -156,3 +156,70 @@ def test_the_chain_settings_reach_the_watch_and_unset_ones_leave_its_defaults(mo
     monkeypatch.setenv("VIGIL_CHAIN_PENDING_TIMEOUT_S", "3600")
     chain = RunChain(**Settings().stream_config("k:9092").chain)
     assert chain.pending_timeout_s == 3600.0 and chain.timeout_s == RunChain().timeout_s
+
+
+def test_the_batcher_learns_the_longest_step_and_checkpoint_the_grace_is_computed_from(tmp_path):
+    """Known step and checkpoint durations, through the hooks' real datagrams, in; ``timings`` out."""
+    import time
+
+    from vigil.producers.training import NodeBatcher, TrainingMonitor, UnixDatagramSink
+
+    class Pub:
+        def publish(self, events):
+            pass
+
+        def poll(self, timeout_s=0.0):
+            pass
+
+    class Clock:
+        t = 1_700_000_000.0
+
+        def __call__(self):
+            return self.t
+
+    batcher = NodeBatcher(tmp_path / "h.sock", Pub(), max_delay_s=0.0)
+    clock = Clock()
+
+    def mon(job, rank):
+        return TrainingMonitor(UnixDatagramSink(str(tmp_path / "h.sock")), job=job, rank=rank, node="n",
+                               clock=clock, flush_interval_s=0.0)
+
+    def run(m, step_s=(), ckpts=()):
+        """Steps of the given durations, then checkpoints ``(step, seconds, ok)``; delivered before returning."""
+        for i, d in enumerate(step_s):
+            with m.step(i):
+                clock.t += d
+        for step, d, ok in ckpts:
+            try:
+                with m.checkpoint(step):
+                    clock.t += d
+                    if not ok:
+                        raise OSError("disk full")
+            except OSError:
+                pass
+        m.flush()
+        before = batcher.received
+        deadline = time.monotonic() + 10.0
+        while batcher.received == before and time.monotonic() < deadline:
+            batcher.step(time.monotonic())
+        for _ in range(3):  # what else the kernel queued
+            batcher.step(time.monotonic())
+
+    try:
+        assert batcher.timings("j") == (None, None, None)  # nothing measured: the grace's defaults stand in
+        r0, r1, other = mon("j", 0), mon("j", 1), mon("k", 0)
+        run(r0, step_s=[0.5, 1.25, 0.75], ckpts=[(10, 3.0, True)])
+        saved_at = clock.t
+        run(r1, step_s=[2.0, 0.25], ckpts=[(20, 7.5, True), (30, 100.0, False)])  # a failed save is no measure
+        run(other, step_s=[50.0], ckpts=[(5, 60.0, True)])  # another job's are its own
+        run(r0, ckpts=[(40, 4.0, True)])
+        step_s, ckpt_s, last = batcher.timings("j")
+        assert step_s == pytest.approx(2.0) and ckpt_s == pytest.approx(7.5)
+        assert last[0] == 40 and last[1] == pytest.approx(4.0)  # the latest completed save, not the longest
+        assert grace_s(step_s, ckpt_s) == pytest.approx(2 * (2.0 + 7.5) + EXIT_S)
+        k_step, k_ckpt, k_last = batcher.timings("k")
+        assert (k_step, k_ckpt, k_last[0]) == (pytest.approx(50.0), pytest.approx(60.0), 5)
+        # rank 1's last completed save was before rank 0's latest; both saved since rank 0's first
+        assert batcher.saved_since("j", saved_at, [0, 1]) and not batcher.saved_since("j", clock.t - 1.0, [0, 1])
+    finally:
+        batcher.stop()
