@@ -12,7 +12,8 @@ feeds it every job state and ticks it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from vigil.detectors.base import Finding, _check_positive
 from vigil.schemas import JobState, to_seconds
@@ -22,12 +23,14 @@ __all__ = ["RunChain", "CHAIN_BROKEN", "TO_BE_CONTINUED"]
 CHAIN_BROKEN = "chain_broken"
 #: How a job leaves to be continued by the next job of its run.
 TO_BE_CONTINUED = frozenset({"time_limit", "preempted"})
-_ALIVE = frozenset({"pending", "running", "restarting"})
+_RUNNING = frozenset({"running", "restarting"})
+_ALIVE = _RUNNING | {"pending"}
 
 
 @dataclass
 class _Run:
     jobs: dict[str, str]  # job -> its latest state
+    queued_at: dict[str, float] = field(default_factory=dict)  # pending job -> when it was announced queued
     left_at: float | None = None  # when the last job left to be continued (None: not waiting for one)
     last_job: str | None = None
     how: str | None = None
@@ -39,10 +42,16 @@ class RunChain:
     """Per run: ``chain_broken`` (sev2) when its last job left to be continued and no job of the run
     is running or queued ``timeout_s`` later; cleared when one is.
 
-    A queued (``pending``) job counts as alive however long it waits: the
-    scheduler has it (a job array's element is queued under another id than
-    it runs with, so a job of the run starting takes the queued ones' place). Breaks older than ``horizon_s`` when first seen (a
-    worker reading an old log) are history, not news.
+    A queued (``pending``) job counts as alive for ``pending_timeout_s``
+    after it was announced: the scheduler has it (a job array's element is
+    queued under another id than it runs with, so a job of the run starting
+    takes the queued ones' place). No agent runs for a queued job, so one
+    cancelled or dropped before it starts is never heard of again: past that
+    lifetime without a start the chain is broken. A queued job reported
+    ended (``cancelled``, ``failed``) before it ran is gone at once, and does
+    not end the run: only a job that ran ends it. Breaks older than
+    ``horizon_s`` when first seen (a worker reading an old log) are history,
+    not news.
 
     Examples
     --------
@@ -61,8 +70,11 @@ class RunChain:
     ([('cleared', 'llm-7b')], [])
     """
 
-    def __init__(self, timeout_s: float = 1800.0, horizon_s: float = 86400.0, max_runs: int = 100_000) -> None:
+    def __init__(self, timeout_s: float = 1800.0, horizon_s: float = 86400.0, max_runs: int = 100_000,
+                 pending_timeout_s: float = 86400.0) -> None:
         self.timeout_s = _check_positive(timeout_s, "timeout_s")
+        # a day: longer than a busy queue keeps a large job waiting, so a slow start pages no one
+        self.pending_timeout_s = _check_positive(pending_timeout_s, "pending_timeout_s")
         self.horizon_s = _check_positive(horizon_s, "horizon_s")
         self.max_runs = max_runs
         self._runs: dict[str, _Run] = {}
@@ -82,18 +94,38 @@ class RunChain:
             r = self._runs[run] = _Run(jobs={}, cluster=event.source.cluster)
         if event.state in ("running", "restarting"):  # a queued job announced before has started as this one
             r.jobs = {j: s for j, s in r.jobs.items() if s != "pending"}
-        r.jobs[job] = event.state
-        if event.state in _ALIVE:
+            r.queued_at.clear()
+        if event.state == "pending":
+            r.jobs[job] = event.state
+            r.queued_at[job] = max(at, r.queued_at.get(job, at))
+            if now < self._due(r):  # the chain goes on (a queued job read again long after changes nothing)
+                self._clear(run)
+        elif r.jobs.get(job) == "pending" and event.state in ("cancelled", "failed"):
+            del r.jobs[job], r.queued_at[job]  # queued, never ran, gone: the run did not end with it
+        elif event.state in _ALIVE:
+            r.jobs[job] = event.state
             r.left_at = None
             self._clear(run)
-        elif event.state in TO_BE_CONTINUED and not any(s in _ALIVE for j, s in r.jobs.items() if j != job):
-            r.left_at, r.last_job, r.how, r.checkpoint_step = at, job, event.state, event.checkpoint_step
-        elif event.state not in TO_BE_CONTINUED and not any(s in _ALIVE for s in r.jobs.values()):
-            r.left_at = None  # completed, failed or cancelled: the run ended (a failure is other detectors' news)
-            self._clear(run)
+        elif event.state in TO_BE_CONTINUED:
+            r.jobs[job] = event.state
+            if not any(s in _RUNNING for j, s in r.jobs.items() if j != job):
+                r.left_at, r.last_job, r.how, r.checkpoint_step = at, job, event.state, event.checkpoint_step
+        else:
+            r.jobs[job] = event.state
+            if not any(s in _ALIVE for s in r.jobs.values()):
+                r.left_at = None  # completed, failed or cancelled: the run ended (a failure is other detectors' news)
+                self._clear(run)
         # keep only the latest few jobs of a long chain
         while len(r.jobs) > 16:
-            r.jobs.pop(next(iter(r.jobs)))
+            oldest = next(iter(r.jobs))
+            del r.jobs[oldest]
+            r.queued_at.pop(oldest, None)
+
+    def _due(self, r: _Run) -> float:
+        """When the run's chain is broken unless a job of it starts (inf: not waiting for one)."""
+        if r.left_at is None:
+            return math.inf
+        return max([r.left_at + self.timeout_s] + [t + self.pending_timeout_s for t in r.queued_at.values()])
 
     def _clear(self, run: str) -> None:
         f = self._raised.pop(run, None)
@@ -105,17 +137,23 @@ class RunChain:
         out: list[tuple[str, str, Finding]] = [("cleared", run, f) for run, f in self._cleared]
         self._cleared = []
         for run, r in self._runs.items():
-            if r.left_at is None or run in self._raised or now - r.left_at < self.timeout_s:
+            if r.left_at is None or run in self._raised:
                 continue
-            if now - r.left_at > self.timeout_s + self.horizon_s:
+            due = self._due(r)
+            if now < due:
+                continue
+            if now - due > self.horizon_s:
                 r.left_at = None  # long past when first judged: history
                 continue
+            queued = sorted(r.queued_at)
+            why = (f"job {r.last_job} of run {run} left ({r.how}) to be continued; "
+                   + (f"the job queued to continue it ({', '.join(queued)}) has not started in "
+                      f"{now - max(r.queued_at.values()):.0f} s (cancelled or held?)" if queued else
+                      f"no job of the run has run or queued for {now - r.left_at:.0f} s")
+                   + f": resubmit it (the checkpoint is at step {r.checkpoint_step})")
             f = Finding(CHAIN_BROKEN, 2, r.left_at, now, {
                 "run": run, "last_job": r.last_job, "left_as": r.how, "checkpoint_step": r.checkpoint_step,
-                "waited_s": round(now - r.left_at, 1),
-                "why": f"job {r.last_job} of run {run} left ({r.how}) to be continued; no job of the run has run "
-                       f"or queued for {now - r.left_at:.0f} s: resubmit it (the checkpoint is at step "
-                       f"{r.checkpoint_step})"})
+                "waited_s": round(now - r.left_at, 1), "queued_jobs": queued, "why": why})
             self._raised[run] = f
             out.append(("raised", run, f))
         return out

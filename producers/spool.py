@@ -165,6 +165,7 @@ class Spool:
         self._fd: int | None = None  # active (last) segment, opened for append
         self._cursor = Position(1, 0)
         self._unreported = DropReport()
+        self._pending = 0  # messages not yet acknowledged, kept as they come and go
         self._open()
 
     # -- state --------------------------------------------------------------
@@ -204,6 +205,30 @@ class Spool:
             self._cursor = Position(min(self._sizes), 0)
         elif not self._sizes and self._cursor.offset:
             self._cursor = Position(self._cursor.segment + 1, 0)
+        self._pending = self._count_between(self._cursor, None)
+
+    def _count_between(self, start: Position, end: Position | None) -> int:
+        """Records from ``start`` to ``end`` (None: the end of the spool), counted by their headers alone."""
+        n = 0
+        for seg in sorted(self._sizes):
+            if seg < start.segment or (end is not None and seg > end.segment):
+                continue
+            stop = end.offset if end is not None and seg == end.segment else self._sizes[seg]
+            o = start.offset if seg == start.segment else 0
+            try:
+                with open(self._seg_path(seg), "rb") as f:
+                    while o + _HEADER.size <= stop:
+                        f.seek(o)
+                        head = f.read(_HEADER.size)
+                        if len(head) < _HEADER.size:
+                            break
+                        o += _HEADER.size + _HEADER.unpack(head)[0]
+                        if o > stop:
+                            break
+                        n += 1
+            except FileNotFoundError:
+                continue
+        return n
 
     def _repair_tail(self, seg: int) -> None:
         """Cut a torn record off the end of the last segment."""
@@ -280,6 +305,11 @@ class Spool:
                 total += max(0, size - self._cursor.offset)
         return total
 
+    @property
+    def pending_messages(self) -> int:
+        """Messages not yet acknowledged, without reading the segments (:func:`len` reads them)."""
+        return self._pending
+
     def __len__(self) -> int:
         """Messages not yet acknowledged (scans the segments; for tests and reports)."""
         return sum(1 for _ in self._iter(self._cursor))
@@ -320,6 +350,7 @@ class Spool:
         if self.fsync:
             os.fsync(self._fd)
         self._sizes[seg] += len(data)
+        self._pending += 1
         return dropped
 
     def _new_segment(self, seg: int) -> None:
@@ -337,6 +368,7 @@ class Spool:
         self._delete(seg)
         self._cursor = Position(min(self._sizes) if self._sizes else seg + 1, 0)
         self._write_cursor()
+        self._pending = max(0, self._pending - dropped.messages)
         return dropped
 
     # -- reading ------------------------------------------------------------
@@ -381,6 +413,8 @@ class Spool:
         """Everything up to ``upto`` (a position :meth:`read` returned) was delivered."""
         if upto <= self._cursor:
             return  # already past it (e.g. its segment was dropped for space meanwhile)
+        # only the headers of what read() just returned: a few small reads, not the payloads again
+        self._pending = max(0, self._pending - self._count_between(self._cursor, upto))
         for seg in sorted(self._sizes):
             if seg < upto.segment:
                 self._delete(seg)

@@ -87,6 +87,7 @@ METRIC_NAMES: dict[str, tuple[str, ...]] = {
     "vigil_publisher_dropped_events_total": (),
     "vigil_publisher_outages_total": (),
     "vigil_publisher_spool_bytes": (),
+    "vigil_publisher_spool_messages": (),
     "vigil_publisher_spooling": (),
     "vigil_agent_collector_runs_total": ("collector",),
     "vigil_agent_collector_failures_total": ("collector",),
@@ -547,18 +548,20 @@ def _publisher_families(publisher: Any) -> Iterator[Metric]:
             fam.add_metric([], getattr(stats, attr))
         yield fam
     spool = getattr(publisher, "spool", None)
-    pending = 0
+    pending = messages = 0
     if spool is not None:
         lock = getattr(publisher, "_lock", None)  # (the publisher's thread changes the spool under it)
         if lock is None:
-            pending = spool.pending_bytes
+            pending, messages = spool.pending_bytes, spool.pending_messages
         elif lock.acquire(timeout=1.0):
             try:
-                pending = spool.pending_bytes
+                pending, messages = spool.pending_bytes, spool.pending_messages
             finally:
                 lock.release()
     yield GaugeMetricFamily("vigil_publisher_spool_bytes", "Bytes waiting in the disk spool for the broker (the "
                             "spool's depth).", value=pending)
+    yield GaugeMetricFamily("vigil_publisher_spool_messages", "Messages waiting in the disk spool for the broker.",
+                            value=messages)
     yield GaugeMetricFamily("vigil_publisher_spooling", "1 while the publisher spools (the broker is unreachable).",
                             value=1 if getattr(publisher, "spooling", False) else 0)
 
@@ -567,7 +570,8 @@ _PUBLISHER_DESCRIBED = [
     _counter("vigil_publisher_messages_delivered", ""), _counter("vigil_publisher_failures", ""),
     _counter("vigil_publisher_spooled_messages", ""), _counter("vigil_publisher_replayed_messages", ""),
     _counter("vigil_publisher_dropped_events", ""), _counter("vigil_publisher_outages", ""),
-    _gauge("vigil_publisher_spool_bytes", ""), _gauge("vigil_publisher_spooling", ""),
+    _gauge("vigil_publisher_spool_bytes", ""), _gauge("vigil_publisher_spool_messages", ""),
+    _gauge("vigil_publisher_spooling", ""),
 ]
 
 

@@ -36,7 +36,11 @@ _DCGM_HELP = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("counter", "Number of remapped rows for uncorrectable errors"),
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": ("counter", "Total number of NVLink flow-control CRC errors."),
     "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": ("counter", "Total number of NVLink retries."),
+    # commented out in the default counters file: served when a test sets them (StubGpu's None: not served)
+    "DCGM_FI_DEV_POWER_VIOLATION": ("counter", "Throttling duration due to power constraints (in ns)."),
+    "DCGM_FI_DEV_THERMAL_VIOLATION": ("counter", "Throttling duration due to thermal constraints (in ns)."),
 }
+_OPTIONAL = {"DCGM_FI_DEV_POWER_VIOLATION": "power_violation", "DCGM_FI_DEV_THERMAL_VIOLATION": "thermal_violation"}
 
 
 @dataclass
@@ -55,6 +59,8 @@ class StubGpu:
     remapped_unc: int = 0
     nvlink_crc_flit: int = 0
     nvlink_replay: int = 0
+    power_violation: int | None = None    # ns held below application clocks, cumulative
+    thermal_violation: int | None = None
 
 
 @dataclass
@@ -81,9 +87,13 @@ def dcgm_exposition(node: StubNode, hostname_label: bool = True) -> str:
     """What dcgm-exporter 3.3.x serves for ``node``."""
     lines: list[str] = []
     for metric, (kind, text) in _DCGM_HELP.items():
+        if metric in _OPTIONAL and all(getattr(g, _OPTIONAL[metric]) is None for g in node.gpus):
+            continue
         lines.append(f"# HELP {metric} {text}")
         lines.append(f"# TYPE {metric} {kind}")
         for i, g in enumerate(node.gpus):
+            if metric in _OPTIONAL and getattr(g, _OPTIONAL[metric]) is None:
+                continue
             labels = (f'gpu="{i}",UUID="GPU-{node.hostname}-{i:04d}",pci_bus_id="00000000:{0x18 + 0x10 * i:02X}:00.0",'
                       f'device="nvidia{i}",modelName="NVIDIA H100 80GB HBM3"')
             if hostname_label:
@@ -99,6 +109,7 @@ def dcgm_exposition(node: StubNode, hostname_label: bool = True) -> str:
                 "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": g.remapped_unc,
                 "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": g.nvlink_crc_flit,
                 "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": g.nvlink_replay,
+                "DCGM_FI_DEV_POWER_VIOLATION": g.power_violation, "DCGM_FI_DEV_THERMAL_VIOLATION": g.thermal_violation,
             }[metric]
             if metric == "DCGM_FI_DEV_XID_ERRORS":
                 labels += f',err_code="{g.xid}",err_msg="{XID_TEXT.get(g.xid, "")}"'

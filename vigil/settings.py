@@ -123,6 +123,10 @@ class Settings(BaseSettings):
     chain_timeout_s: float | None = Field(None, gt=0, description="A training run whose last job left to be "
                                           "continued (time limit, preemption) and that has no job running or queued "
                                           "this many seconds later raises chain_broken (default: RunChain's).")
+    chain_pending_timeout_s: float | None = Field(None, gt=0, description="A job queued to continue a run counts "
+                                                  "as alive this many seconds after it was announced; one that has "
+                                                  "not started by then (cancelled, held) breaks the chain (default: "
+                                                  "RunChain's).")
 
     @field_validator("state_dir")
     @classmethod
@@ -227,7 +231,8 @@ class Settings(BaseSettings):
             tick_interval_s=self.tick_interval_s, recovery_window_s=self.recovery_window_s, decide=self.decide,
             replan=self.replan,
             engine=EngineParams(detectors=self.detector_params()), escalation=self.escalation_params(),
-            chain={"timeout_s": self.chain_timeout_s} if self.chain_timeout_s is not None else {},
+            chain={k: v for k, v in (("timeout_s", self.chain_timeout_s),
+                                      ("pending_timeout_s", self.chain_pending_timeout_s)) if v is not None},
         )
         values.update(overrides)
         return StreamConfig(**values)

@@ -11,6 +11,9 @@ which validate every object against the Kubernetes API's JSON schemas and check 
     python3 infra/k8s/render.py --image registry.example.org/vigil:0.1.0 --kafka-bootstrap kafka.kafka:9092 \\
         | kubectl apply -f -
 
+`vigil scrape`'s exporters come from --scrape-targets FILE (Prometheus file_sd JSON) into the
+vigil-scrape-targets ConfigMap; without it the list is empty until the ConfigMap is edited.
+
 Secrets (VIGIL_CLICKHOUSE_DSN, VIGIL_KAFKA_SASL_PASSWORD, VIGIL_NOTIFY_*, VIGIL_SMTP_*: the names in
 SECRET_ENV) are read from this process's environment into the vigil-secrets Secret; they are never
 printed anywhere but in that Secret on stdout (pipe it to kubectl, do not keep it in a file).
@@ -37,6 +40,8 @@ SECRET_ENV = (
     "VIGIL_NOTIFY_EVIDENCE_URL", "VIGIL_SMTP_HOST", "VIGIL_SMTP_PORT", "VIGIL_SMTP_STARTTLS", "VIGIL_SMTP_SSL",
     "VIGIL_SMTP_USER", "VIGIL_SMTP_PASSWORD", "VIGIL_SMTP_FROM", "VIGIL_SMTP_TO",
 )
+#: ``labels.exporter`` values ``vigil scrape`` takes (producers/exporters/scraper.py's aliases).
+SCRAPE_EXPORTERS = ("dcgm", "dcgm-exporter", "node", "node_exporter", "node-exporter")
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL = re.compile(r"^([a-z0-9.-]+/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
@@ -65,12 +70,29 @@ def secret(namespace: str, env: dict[str, str]) -> str:
     return "# Rendered from the environment (render.py SECRET_ENV); JSON is YAML.\n" + json.dumps(obj, indent=2) + "\n"
 
 
+def scrape_targets(groups: object) -> str:
+    """``vigil scrape``'s targets (Prometheus file_sd groups) as a YAML scalar: one JSON string (JSON's
+    string escapes are YAML's double-quoted ones). The shape ``vigil scrape`` refuses is refused here."""
+    if not isinstance(groups, list):
+        raise RenderError(f"--scrape-targets: expected a list of file_sd groups, got {type(groups).__name__}")
+    for i, g in enumerate(groups):
+        labels = (g.get("labels") or {}) if isinstance(g, dict) else None
+        if (not isinstance(labels, dict) or not isinstance(g.get("targets"), list)
+                or not all(isinstance(t, str) and t for t in g["targets"])):
+            raise RenderError(f'--scrape-targets: group {i}: expected {{"targets": ["host:port", ...], "labels": {{...}}}}')
+        if str(labels.get("exporter", "")).lower() not in SCRAPE_EXPORTERS:
+            raise RenderError(f"--scrape-targets: group {i}: labels.exporter must be dcgm or node, "
+                              f"got {labels.get('exporter')!r}")
+    return json.dumps(json.dumps(groups))
+
+
 def render(*, image: str, kafka_bootstrap: str, namespace: str = "vigil", training_namespace: str = "default",
            topic_prefix: str = "vigil", clickhouse_database: str = "vigil", cluster: str = "default",
            worker_replicas: int = 2, runtime_class: str = "nvidia", gpu_node_label: str = "nvidia.com/gpu.present",
            metrics_port: int = 9464, actuate: bool = False, agent_kmsg: bool = False, servicemonitor: bool = True,
-           servicemonitor_labels: dict[str, str] | None = None, env: dict[str, str] | None = None) -> str:
-    """Every manifest as one multi-document YAML stream."""
+           servicemonitor_labels: dict[str, str] | None = None, scrape: list | None = None,
+           env: dict[str, str] | None = None) -> str:
+    """Every manifest as one multi-document YAML stream; ``scrape``: ``vigil scrape``'s file_sd targets."""
     values = {
         "NAMESPACE": _dns(namespace, "--namespace"),
         "TRAINING_NAMESPACE": _dns(training_namespace, "--training-namespace"),
@@ -85,6 +107,7 @@ def render(*, image: str, kafka_bootstrap: str, namespace: str = "vigil", traini
         "METRICS_PORT": str(int(metrics_port)),
         "ACTUATOR_DRY_RUN": "" if actuate else ', "--dry-run"',
         "ACTUATOR_MODE": "acting" if actuate else "in dry run until rendered with --actuate",
+        "SCRAPE_TARGETS": scrape_targets(scrape if scrape is not None else []),
         "SERVICEMONITOR_LABELS": "".join(f"    {_plain(k, 'label')}: \"{_plain(v, 'label value')}\"\n"
                                          for k, v in (servicemonitor_labels or {}).items()),
     }
@@ -122,17 +145,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-servicemonitor", action="store_true", help="leave out the ServiceMonitor (no Prometheus Operator)")
     p.add_argument("--servicemonitor-label", action="append", default=[], metavar="KEY=VALUE",
                    help="label the ServiceMonitor, e.g. release=kube-prometheus-stack (repeatable)")
+    p.add_argument("--scrape-targets", metavar="FILE", help="vigil scrape's exporters: a Prometheus file_sd JSON "
+                   "file (labels exporter=dcgm|node, node=NAME); default: none until the ConfigMap is edited")
     a = p.parse_args(argv)
     try:
         labels = dict(kv.split("=", 1) for kv in a.servicemonitor_label)
+        scrape = json.loads(Path(a.scrape_targets).read_text()) if a.scrape_targets else None
         sys.stdout.write(render(
             image=a.image, kafka_bootstrap=a.kafka_bootstrap, namespace=a.namespace,
             training_namespace=a.training_namespace, topic_prefix=a.topic_prefix,
             clickhouse_database=a.clickhouse_database, cluster=a.cluster, worker_replicas=a.worker_replicas,
             runtime_class=a.runtime_class, gpu_node_label=a.gpu_node_label, metrics_port=a.metrics_port,
             actuate=a.actuate, agent_kmsg=a.agent_kmsg, servicemonitor=not a.no_servicemonitor,
-            servicemonitor_labels=labels))
-    except (RenderError, ValueError) as exc:
+            servicemonitor_labels=labels, scrape=scrape))
+    except (RenderError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -31,11 +31,8 @@ __all__ = ["NvmlTelemetryCollector", "NvmlXidCollector", "load_nvml"]
 
 
 def load_nvml() -> Any:
-    import warnings
+    import pynvml  # nvidia-ml-py's module: it warns of nothing (the deprecated pynvml distribution did)
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # pynvml's deprecation notice
-        import pynvml
     return pynvml
 
 

@@ -3,8 +3,9 @@
 Shared clusters give every job a time limit and may preempt it. The
 practice of large open training runs is to exit on purpose before the hard
 limit: know how long a step and a checkpoint take, ask the training to save
-and exit when the time left falls below twice that, and let the next job of
-the chain resume from the checkpoint. The agent learns the end time from
+and exit when the time left falls below a safety factor (2) times that plus
+the ranks' exit (:func:`grace_s`), and let the next job of the chain resume
+from the checkpoint. The agent learns the end time from
 ``SLURM_JOB_END_TIME``, from ``squeue -h -j $SLURM_JOB_ID -o %e``, or from
 ``--deadline``; it also leaves at once on the scheduler's early warning
 (``sbatch --signal=USR1@600``) and, within a grace period, on SIGTERM.

@@ -31,12 +31,36 @@ DCGM 3.2)                                                                       
 ``DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL``  ``nvlink_errors["crc_data"]``   (the agent's names)
 ``DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL``    ``nvlink_errors["replay"]``
 ``DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL``  ``nvlink_errors["recovery"]``
+``DCGM_FI_DEV_THERMAL_VIOLATION``               ``throttle_reasons`` bit 0x20   see below
+                                                (``sw_thermal_slowdown``)
+``DCGM_FI_DEV_POWER_VIOLATION``                 bit 0x4 (``sw_power_cap``)
+``DCGM_FI_DEV_SYNC_BOOST_VIOLATION``            bit 0x10 (``sync_boost``)
 ``DCGM_FI_DEV_XID_ERRORS``                      an ``XidError``                 see below
 ==============================================  ==============================  ==========================
 
 The ECC, retired-page and NVLink error fields are commented out in
 dcgm-exporter's default counters file: a site that wants vigil's ECC and
 NVLink detectors enables them there (they are read when present).
+
+Violation counters
+------------------
+``DCGM_FI_DEV_{POWER,THERMAL,SYNC_BOOST}_VIOLATION`` (commented out in the
+default counters file) count the time NVML says a limiter held the GPU below
+its application clocks (``nvmlDeviceGetViolationStatus``), cumulative. Where the
+clocks-event bitmask is one instant, they cover the whole interval: when a
+counter moved by at least ``VIOLATION_MIN_FRACTION`` of the time since it last
+moved, :class:`ViolationTracker` sets that limiter's clocks-event bit in
+``throttle_reasons`` (OR'd with the bitmask's), so the GPU detector's throttle
+rule reads them as it reads the bitmask (thermal is in its default mask, a
+power cap is not: a GPU at its power limit under load is normal). The unit is
+nanoseconds: NVML's ``violationTime`` is, DCGM passes it on, and DCGM's header
+and dcgm-exporter's counters file say ns in their current versions (older ones
+said usec); were it microseconds, reading ns under-reads, never over-reads. The
+first move after a start is a baseline (when the counter moved before it is
+unknown: dcgm-exporter refreshes its values every 30 s by default, not on each
+scrape); a counter still for ``VIOLATION_HOLD_S`` means the limiter is off. The
+board-limit, low-utilization and reliability counters have no clocks-event bit
+and are not read.
 
 XIDs
 ----
@@ -57,7 +81,9 @@ References
 ----------
 NVIDIA dcgm-exporter, ``etc/default-counters.csv`` and ``etc/dcp-metrics-included.csv``;
 NVIDIA DCGM field identifiers (``dcgm_fields.h``: ``DCGM_FI_DEV_XID_ERRORS`` = 230,
-``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` = 112); NVML "Clocks Event Reasons".
+``DCGM_FI_DEV_CLOCKS_EVENT_REASONS`` = 112, ``DCGM_FI_DEV_POWER_VIOLATION`` = 240,
+``DCGM_FI_DEV_THERMAL_VIOLATION`` = 241, ``DCGM_FI_DEV_SYNC_BOOST_VIOLATION`` = 242);
+NVML "Clocks Event Reasons" and ``nvmlViolationTime_t``.
 """
 
 from __future__ import annotations
@@ -76,7 +102,8 @@ from vigil.schemas import GpuTelemetry, Source, XidError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DcgmReading", "XidTracker", "read_dcgm", "gpu_events"]
+__all__ = ["DcgmReading", "XidTracker", "ViolationTracker", "read_dcgm", "gpu_events",
+           "VIOLATION_MIN_FRACTION", "VIOLATION_HOLD_S"]
 
 _DIRECT: dict[str, str] = {
     "DCGM_FI_DEV_GPU_UTIL": "utilization_pct",
@@ -104,6 +131,19 @@ _NVLINK: dict[str, str] = {
     "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": "recovery",
 }
 _FB = {"DCGM_FI_DEV_FB_USED": "used", "DCGM_FI_DEV_FB_FREE": "free", "DCGM_FI_DEV_FB_RESERVED": "reserved"}
+#: Violation counter -> the NVML clocks-event reason bit of the same limiter.
+_VIOLATIONS: dict[str, int] = {
+    "DCGM_FI_DEV_THERMAL_VIOLATION": 0x20,     # sw_thermal_slowdown
+    "DCGM_FI_DEV_POWER_VIOLATION": 0x4,        # sw_power_cap
+    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": 0x10,  # sync_boost
+}
+#: A limiter counts when it held the GPU below its clocks at least this much of the time since its counter
+#: last moved: half, as a clocks-event bit seen at most sampling instants would say.
+VIOLATION_MIN_FRACTION = 0.5
+#: A violation counter that has not moved for this long means its limiter is off (dcgm-exporter refreshes
+#: its values every 30 s by default: two refreshes and a scrape).
+VIOLATION_HOLD_S = 65.0
+_VIOLATION_NS = 1e-9
 XID_METRIC = "DCGM_FI_DEV_XID_ERRORS"
 _MIB = 1 << 20
 _MAX_COUNTER = 2**63
@@ -115,6 +155,7 @@ class _Gpu:
     summed: dict[str, int] = field(default_factory=dict)
     nvlink: dict[str, int] = field(default_factory=dict)
     fb: dict[str, float] = field(default_factory=dict)
+    violations: dict[str, int] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)  # metric names read (MIG repeats are skipped)
     pci_bus_id: str | None = None
 
@@ -160,7 +201,8 @@ def read_dcgm(samples: Iterable[Sample], node: str | None, fallback_node: str) -
             continue
         g = out.gpus.get(where)
         if g is None:
-            if not (s.name in _DIRECT or s.name in _SUMMED or s.name in _NVLINK or s.name in _FB):
+            if not (s.name in _DIRECT or s.name in _SUMMED or s.name in _NVLINK or s.name in _FB
+                    or s.name in _VIOLATIONS):
                 continue
             g = out.gpus[where] = _Gpu()
         if s.name in g.seen:  # a MIG instance repeating a device-level field
@@ -185,18 +227,27 @@ def read_dcgm(samples: Iterable[Sample], node: str | None, fallback_node: str) -
                 g.nvlink[_NVLINK[s.name]] = int(s.value)
         elif s.name in _FB and s.value >= 0:
             g.fb[_FB[s.name]] = s.value
+        elif s.name in _VIOLATIONS:
+            if 0 <= s.value < _MAX_COUNTER:
+                g.violations[s.name] = int(s.value)
         else:
             continue
         g.seen.add(s.name)
     return out
 
 
-def gpu_events(reading: DcgmReading, now: datetime, cluster: str) -> list[GpuTelemetry]:
-    """One ``GpuTelemetry`` per GPU of the reading, sorted by node and GPU."""
+def gpu_events(reading: DcgmReading, now: datetime, cluster: str,
+               violations: "ViolationTracker | None" = None) -> list[GpuTelemetry]:
+    """One ``GpuTelemetry`` per GPU of the reading, sorted by node and GPU; ``violations`` turns the
+    violation counters into clocks-event bits (it keeps their last values between scrapes)."""
     out: list[GpuTelemetry] = []
     for (node, gpu), g in sorted(reading.gpus.items()):
         fields = dict(g.fields)
         fields.update(g.summed)
+        if violations is not None and g.violations:
+            bits = violations.reasons(node, gpu, g.violations, now.timestamp())
+            if bits is not None:
+                fields["throttle_reasons"] = fields.get("throttle_reasons", 0) | bits
         if "used" in g.fb:
             fields["memory_used_bytes"] = int(g.fb["used"] * _MIB)
             if "free" in g.fb:
@@ -274,3 +325,63 @@ class XidTracker:
             Path(tmp).unlink(missing_ok=True)
             raise
         self._dirty = False
+
+
+class ViolationTracker:
+    """DCGM's violation counters to clocks-event reason bits (see "Violation counters" above).
+
+    Per GPU and counter: its last value, when it last moved and the share of
+    that time the limiter held the clocks down. Time is an argument.
+
+    >>> t = ViolationTracker()
+    >>> v = "DCGM_FI_DEV_THERMAL_VIOLATION"
+    >>> [t.reasons("gpu-07", 1, {v: ns}, now) for ns, now in ((0, 0.0), (30e9, 30.0), (60e9, 60.0), (69e9, 90.0))]
+    [None, None, 32, 0]
+    """
+
+    def __init__(self, min_fraction: float = VIOLATION_MIN_FRACTION, hold_s: float = VIOLATION_HOLD_S,
+                 max_keys: int = 100_000) -> None:
+        if not 0 < min_fraction <= 1:
+            raise ValueError(f"min_fraction must be in (0, 1], got {min_fraction}")
+        if not hold_s > 0:
+            raise ValueError(f"hold_s must be > 0, got {hold_s}")
+        self.min_fraction, self.hold_s, self.max_keys = min_fraction, hold_s, max_keys
+        #: (node, gpu, metric) -> [value, moved_at, fraction or None, moved once since the baseline]
+        self._last: dict[tuple[str, int, str], list] = {}
+
+    def fraction(self, node: str, gpu: int, metric: str, value: int, now: float) -> float | None:
+        """The share of the time since the counter last moved that its limiter held the clocks (None: unknown)."""
+        key = (node, gpu, metric)
+        st = self._last.get(key)
+        if st is None or value < st[0]:  # first seen, or reset (the exporter or the driver restarted)
+            if st is None and len(self._last) >= self.max_keys:
+                self._last.pop(next(iter(self._last)))
+            self._last[key] = [value, now, None, False]
+            return None
+        last, moved_at, frac, moved = st
+        if value == last:
+            if now - moved_at >= self.hold_s:
+                st[2] = 0.0  # still this long: the limiter is off
+            return st[2]
+        elapsed = now - moved_at
+        st[0], st[1], st[3] = value, now, True
+        if not moved or elapsed <= 0:
+            st[2] = None  # the first move: when it moved before is unknown
+            return None
+        share = (value - last) * _VIOLATION_NS / elapsed
+        # a refresh lands up to a scrape apart from the last one: a limiter on all the time reads a little over 1;
+        # far over it is no time in ns (a garbled or foreign counter), not evidence
+        st[2] = min(1.0, share) if share <= 2.0 else None
+        return st[2]
+
+    def reasons(self, node: str, gpu: int, counters: dict[str, int], now: float) -> int | None:
+        """The clocks-event bits of the limiters that held the GPU's clocks down (None: none known yet)."""
+        bits, known = 0, False
+        for metric, value in counters.items():
+            share = self.fraction(node, gpu, metric, value, now)
+            if share is None:
+                continue
+            known = True
+            if share >= self.min_fraction:
+                bits |= _VIOLATIONS[metric]
+        return bits if known else None

@@ -51,7 +51,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from vigil.producers.exporters.dcgm import XidTracker, gpu_events, read_dcgm
+from vigil.producers.exporters.dcgm import ViolationTracker, XidTracker, gpu_events, read_dcgm
 from vigil.producers.exporters.exposition import ExpositionError, parse
 from vigil.producers.exporters.node_exporter import nic_events, read_node_exporter
 from vigil.schemas import NODE_SAMPLES, Envelope, Heartbeat, Source, message_key
@@ -193,6 +193,7 @@ class Scraper:
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s) if timeout_s is not None else min(10.0, 0.8 * self.interval_s)
         self.xids = xids or XidTracker(None)
+        self.violations = ViolationTracker()
         self.fetch = fetch
         self.clock = clock
         self.workers = workers
@@ -263,7 +264,7 @@ class Scraper:
             assert samples is not None
             if target.kind == "dcgm":
                 reading = read_dcgm(samples, target.node, target.host)
-                for ev in gpu_events(reading, now, self.cluster):
+                for ev in gpu_events(reading, now, self.cluster, self.violations):
                     per_node.setdefault(ev.source.node or target.host, []).append(ev)
                     report.gpu_samples += 1
                 for (node, gpu), (value, labels) in sorted(reading.xids.items()):

@@ -196,3 +196,15 @@ def test_real_pynvml_without_a_gpu_is_unavailable_not_a_crash():
     out = agent.run_once(col, T0)
     # On a machine with a GPU this reads telemetry; here (no driver) it is one health event.
     assert all(isinstance(e, (GpuTelemetry, AgentHealth)) for e in out)
+
+
+def test_the_nvml_binding_imports_without_a_warning():
+    """nvidia-ml-py's pynvml warns of nothing, so the agent filters no warning when it loads it (the deprecated
+    pynvml distribution warned on import, in every process)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error", "-c",
+                           "from vigil.producers.agent.gpu import load_nvml; print(load_nvml().__name__)"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "pynvml", done.stderr[-2000:]

@@ -122,6 +122,8 @@ def test_the_actuator_rbac_grants_cordon_drain_eviction_and_its_job_resources_an
     pods = {**by(docs, "Deployment"), **by(docs, "DaemonSet")}
     assert {n for n, d in pods.items() if d["spec"]["template"]["spec"]["serviceAccountName"] == "vigil-actuator"} \
         == {"vigil-actuator"}
+    # the scraper reads HTTP endpoints and writes Kafka: the account without a token
+    assert pods["vigil-scrape"]["spec"]["template"]["spec"]["serviceAccountName"] == "vigil"
 
 
 def _container(doc):
@@ -209,7 +211,7 @@ def test_every_container_runs_a_vigil_command_with_options_it_has():
             for opt in [a for a in argv[2:] if a.startswith("--")]:
                 assert re.search(rf"{re.escape(opt)}\b", result.output), (sub, opt)
             seen.add(sub)
-    assert seen == {"migrate", "up", "worker", "actuate", "notify", "agent"}
+    assert seen == {"migrate", "up", "worker", "actuate", "notify", "agent", "scrape"}
 
 
 def test_render_refuses_values_that_would_break_the_yaml():
@@ -252,3 +254,34 @@ def test_every_vigil_pod_serves_metrics_on_the_port_its_service_and_the_servicem
     assert monitor["spec"]["selector"]["matchLabels"]["vigil.io/metrics"] == "true"
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     assert all(e["path"] == "/metrics" for e in monitor["spec"]["endpoints"])
+
+
+def test_vigil_scrape_reads_the_targets_render_put_in_its_configmap_where_its_command_looks(tmp_path):
+    """--scrape-targets lands in the vigil-scrape-targets ConfigMap as a file_sd list that vigil scrape's own
+    loader reads back unchanged (quotes, unicode and all), mounted whole (a subPath mount would never see an
+    edit) at the path the container's --targets names; the Deployment runs one replica."""
+    from vigil.producers.exporters import load_targets_file
+
+    groups = [{"targets": ["10.0.0.7:9400", "10.0.0.8:9400"], "labels": {"exporter": "dcgm"}},
+              {"targets": ["10.0.0.7:9100"], "labels": {"exporter": "node_exporter", "node": 'gpu-07 "a" é'}}]
+    docs = rendered(scrape=groups)
+    text = by(docs, "ConfigMap")["vigil-scrape-targets"]["data"]["exporters.json"]
+    deploy = by(docs, "Deployment")["vigil-scrape"]
+    c = _container(deploy)
+    path = Path(c["command"][c["command"].index("--targets") + 1])
+    [mount] = [m for m in c["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    assert "subPath" not in mount and mount["readOnly"] is True and path.name == "exporters.json"
+    [vol] = [v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert vol["configMap"] == {"name": "vigil-scrape-targets"}
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    (tmp_path / "exporters.json").write_text(text)
+    got = [(t.kind, t.url, t.node) for t in load_targets_file(tmp_path / "exporters.json")]
+    assert got == [("dcgm", "http://10.0.0.7:9400/metrics", None), ("dcgm", "http://10.0.0.8:9400/metrics", None),
+                   ("node", "http://10.0.0.7:9100/metrics", 'gpu-07 "a" é')]
+    # by default: an empty list, which vigil scrape reads as no targets (until the ConfigMap is edited)
+    (tmp_path / "empty.json").write_text(by(rendered(), "ConfigMap")["vigil-scrape-targets"]["data"]["exporters.json"])
+    assert load_targets_file(tmp_path / "empty.json") == []
+    for bad in ({"targets": ["x:1"]}, [{"targets": "x:1", "labels": {"exporter": "dcgm"}}],
+                [{"targets": ["x:1"], "labels": {"exporter": "prometheus"}}]):
+        with pytest.raises(render_mod.RenderError, match="--scrape-targets"):
+            rendered(scrape=bad)

@@ -169,13 +169,14 @@ def test_history_agent_actuator_and_notify_read_their_components_counters():
     agent = m.AgentMetrics()
     publisher = SimpleNamespace(stats=SimpleNamespace(delivered=5, failed=2, spooled=3, replayed=1, dropped_events=0,
                                                       outages=1),
-                                spool=SimpleNamespace(pending_bytes=4096), spooling=True, _lock=None)
+                                spool=SimpleNamespace(pending_bytes=4096, pending_messages=12), spooling=True,
+                                _lock=None)
     agent.watch(SimpleNamespace(publisher=publisher, runner=SimpleNamespace(runs={"heartbeat": 9}, failures={}),
                                 actuator=None))
     got = samples(agent)
     assert value(got, "vigil_publisher_failures_total") == 2 and value(got, "vigil_publisher_spooling") == 1
     assert value(got, "vigil_agent_collector_runs_total", collector="heartbeat") == 9
-    assert value(got, "vigil_publisher_spool_bytes") == 4096
+    assert value(got, "vigil_publisher_spool_bytes") == 4096 and value(got, "vigil_publisher_spool_messages") == 12
 
     actuator = m.ActuatorMetrics()
     service = SimpleNamespace(handled=4, executor=SimpleNamespace(safety=SimpleNamespace(circuit_open=True)),

@@ -290,3 +290,41 @@ def test_email_bad_password_and_refused_recipient_are_permanent(smtp_server, tmp
     [dl] = notifier([bounce], tmp_path / "b").handle(alert(uuid.uuid4(), 1), WHERE)
     assert dl.reason == "notify_failed" and "550" in dl.detail
     assert received == [] and "SECRET" not in caplog.text
+
+
+def test_email_receiver_built_from_vigil_smtp_settings_logs_in_and_never_prints_the_password(
+        smtp_server, tmp_path, monkeypatch, caplog, capsys):
+    """``vigil notify``'s path: VIGIL_SMTP_* -> SmtpSettings -> build_receivers -> a real login and delivery."""
+    from typer.testing import CliRunner
+
+    from vigil.cli import app
+    from vigil.cli.notify import NotifySettings, SmtpSettings, build_receivers, describe
+
+    caplog.set_level(logging.DEBUG)
+    controller, received, _ = smtp_server
+    for k in [k for k in os.environ if k.startswith(("VIGIL_SMTP_", "VIGIL_NOTIFY_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "cert.pem"))  # the site's CA, as the default context reads it
+    monkeypatch.setenv("VIGIL_SMTP_HOST", "127.0.0.1")
+    monkeypatch.setenv("VIGIL_SMTP_PORT", str(controller.port))
+    monkeypatch.setenv("VIGIL_SMTP_USER", "vigil")
+    monkeypatch.setenv("VIGIL_SMTP_PASSWORD", "smtp-pass-SECRET")
+    monkeypatch.setenv("VIGIL_SMTP_FROM", "vigil@example.org")
+    monkeypatch.setenv("VIGIL_SMTP_TO", " oncall@example.org, gpu-team@example.org ,")
+    smtp = SmtpSettings()
+    assert "smtp-pass-SECRET" not in repr(smtp) and "smtp-pass-SECRET" not in str(smtp.model_dump())
+    [mail] = build_receivers(NotifySettings(), smtp, 60.0, "default")
+    assert isinstance(mail, EmailReceiver) and (mail.port, mail.starttls, mail.use_ssl) == (controller.port, True, False)
+    assert mail.to == ["oncall@example.org", "gpu-team@example.org"] and mail.sender == "vigil@example.org"
+    assert mail.user == "vigil"  # it logs in: a wrong password would be a permanent failure, no delivery
+    assert describe(mail) == f"email via 127.0.0.1:{controller.port} (STARTTLS) to 2 recipient(s)"
+    n = notifier([mail], tmp_path)
+    n.handle(alert(uuid.uuid4(), 1), WHERE)  # the stub server accepts only the right password
+    assert [(frm, rcpt) for frm, rcpt, _ in received] == [("vigil@example.org", ["oncall@example.org", "gpu-team@example.org"])]
+    checked = CliRunner().invoke(app, ["notify", "--check"])
+    assert checked.exit_code == 0 and "email via 127.0.0.1" in checked.output, checked.output
+    monkeypatch.setenv("VIGIL_SMTP_TO", "")
+    refused = CliRunner().invoke(app, ["notify", "--check"])
+    assert refused.exit_code == 2 and "VIGIL_SMTP_TO" in refused.output
+    out = capsys.readouterr()
+    assert not any("smtp-pass-SECRET" in text for text in (checked.output, refused.output, caplog.text, out.out, out.err))

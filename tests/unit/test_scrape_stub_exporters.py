@@ -154,6 +154,55 @@ def test_a_thermally_throttled_gpu_is_found_by_the_gpu_detector(stub, tmp_path):
     assert throttle.onset == T0.timestamp()
 
 
+def test_violation_counters_throttle_a_gpu_held_down_by_its_thermal_limiter_and_no_other(stub, tmp_path):
+    """dcgm-exporter with the violation counters enabled and no clocks-event bitmask reading (0): one GPU held
+    below its clocks by the thermal limiter all the time, one power-capped all the time (normal under load), one
+    thermally limited 10 % of the time. The counters move once per 30 s refresh, as dcgm-exporter's do, while
+    vigil scrapes every 5 s; the GPU detector finds the first GPU throttled (sw_thermal_slowdown) and no other."""
+    gpus = stub.nodes["gpu-07"].gpus
+    for g in gpus:
+        g.power_violation, g.thermal_violation = 0, 0
+    hot, capped, mild = gpus[1], gpus[2], gpus[3]
+    rec = Recorder()
+    scraper = scraper_for(stub, rec, tmp_path)
+    det = GpuDegradation(node="gpu-07")
+    reasons: dict[int, list] = {i: [] for i in range(4)}
+    for i in range(37):  # 180 s
+        now = T0 + timedelta(seconds=5 * i)
+        if i and i % 6 == 0:  # dcgm-exporter's refresh: 30 s of violation time, in ns
+            hot.thermal_violation += 30 * 10**9
+            capped.power_violation += 30 * 10**9
+            mild.thermal_violation += 3 * 10**9
+        before = len(rec.of(GpuTelemetry))
+        scraper.scrape_once(now)
+        samples = [e for e in rec.of(GpuTelemetry)[before:] if e.source.node == "gpu-07"]
+        for s in samples:
+            reasons[s.source.gpu].append(s.throttle_reasons)
+        det.update({s.source.gpu: {"sm_clock": s.sm_clock_mhz, "temperature": s.temperature_c, "power": s.power_w,
+                                   "utilization": s.utilization_pct, "throttle_reasons": s.throttle_reasons}
+                    for s in samples}, t=now.timestamp())
+    # the first refresh after the start is a baseline; from the second (60 s) on, each GPU's own limiter
+    assert reasons[1][:12] == [0] * 12 and set(reasons[1][12:]) == {0x20}
+    assert reasons[2][:12] == [0] * 12 and set(reasons[2][12:]) == {0x4}
+    assert set(reasons[0]) == set(reasons[3]) == {0}
+    found = [(f.kind, f.evidence["gpu"]) for f in det.findings]
+    assert found == [("throttle", "1")]
+    assert det.findings[0].evidence["reasons"] == ["sw_thermal_slowdown"]
+
+
+def test_violation_counter_reset_and_garbage_are_no_evidence():
+    from vigil.producers.exporters.dcgm import ViolationTracker
+
+    t, v = ViolationTracker(), "DCGM_FI_DEV_THERMAL_VIOLATION"
+    assert [t.reasons("n", 0, {v: x}, now) for x, now in ((5e9, 0.0), (35e9, 30.0), (65e9, 60.0))] == [None, None, 0x20]
+    assert t.reasons("n", 0, {v: 10**9}, 90.0) is None      # lower: the exporter restarted, a new baseline
+    assert t.reasons("n", 0, {v: 10**9}, 90.0 + 64.0) is None
+    assert t.reasons("n", 0, {v: 10**9}, 90.0 + 65.0) == 0  # still for VIOLATION_HOLD_S: the limiter is off
+    t.reasons("n", 0, {v: 2 * 10**9}, 200.0)
+    # 1e15 "ns" in 30 s is no time at all: not evidence (nor a bit)
+    assert t.reasons("n", 0, {v: 10**15}, 230.0) is None
+
+
 def test_a_cnp_surge_on_one_port_is_found_by_the_nic_detector(stub, tmp_path):
     rec = Recorder()
     scraper = scraper_for(stub, rec, tmp_path)

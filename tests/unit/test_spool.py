@@ -98,6 +98,27 @@ def test_record_larger_than_the_bound_is_reported_not_stored(tmp_path):
     assert sp.empty
 
 
+def test_pending_messages_follow_appends_acks_drops_and_a_reopen(tmp_path):
+    sp = Spool(tmp_path, max_bytes=4096, segment_bytes=512)
+    assert sp.pending_messages == 0
+    for i in range(40):
+        sp.append(rec(i))  # 10-byte values: 40 x ~58-byte records, some segments
+    assert sp.pending_messages == 40
+    sp.ack(sp.read(15)[-1][0])
+    assert sp.pending_messages == 25
+    sp.ack(sp.read(15)[9][0])  # a position mid-way through what was read
+    assert sp.pending_messages == 15
+    sp.close()
+    sp = Spool(tmp_path, max_bytes=4096, segment_bytes=512)
+    assert sp.pending_messages == 15
+    lost = 0
+    for i in range(40, 140):  # past the bound: the oldest segments go
+        lost += sp.append(rec(i)).messages
+    assert lost > 0 and sp.pending_messages == 15 + 100 - lost == len(sp)
+    sp.ack(sp.read(10_000)[-1][0])
+    assert sp.pending_messages == 0
+
+
 def test_survives_reopen_with_cursor(tmp_path):
     sp = Spool(tmp_path, max_bytes=1 << 20, segment_bytes=1024)
     for i in range(300):
@@ -176,6 +197,7 @@ def test_model_every_message_delivered_in_order_or_counted_dropped(tmp_path_fact
             sp.close()
             sp = Spool(d, **kw)
         assert values(sp) == list(model)
+        assert sp.pending_messages == len(model)  # kept without reading, across drops and reopens
         assert sp.bytes_on_disk <= kw["max_bytes"]
     assert delivered == sorted(delivered)
     assert len(delivered) + dropped + len(model) == n

@@ -386,15 +386,24 @@ def chain_continues(scene: Scene, rec: Recorder, v: Verdict) -> None:
     first = AgentProcess(scene, "n1", "chain-1", _spec(ckpt_every=10, ckpt_x=5.0), actuate=True,
                          extra=("--deadline", f"{time.time() + 15.0:.3f}", "--run", "run-chained", "--checkpoint-estimate", "3"))
     wait_until(lambda: first.proc.poll() is not None, 60, rec.poll)
+    # the ranks saved step N (the one they finished) and the next job resumes with N + 1
     resume = min((step for step, _ in first.saved().values()), default=0) + 1
+    steps = _StepReader(scene, "chain-2")
     second = AgentProcess(scene, "n1", "chain-2", _spec(steps=resume + 20, start_step=resume), actuate=True,
                           extra=("--run", "run-chained"))
-    v.expected.update(first_exit=0, second_exit=0, chain_broken=False, resumed_from=resume)
-    wait_until(lambda: second.proc.poll() is not None, 90, rec.poll)
-    _settle(rec, CHAIN_TIMEOUT_S + 4)  # past the chain's timeout, counted from the first job's end
+    v.expected.update(first_exit=0, second_exit=0, chain_broken=False, resumed_from=resume,
+                      checkpoint_step=resume - 1)
+    poll = lambda: (rec.poll(), steps.poll())  # noqa: E731
+    wait_until(lambda: second.proc.poll() is not None, 90, poll)
+    wait_until(lambda: False, CHAIN_TIMEOUT_S + 4, poll)  # past the chain's timeout, counted from the first job's end
+    first_step = min((step for _, step in steps.close()), default=None)
+    left = [s for _, s in rec.job_states("chain-1") if s.state == "time_limit"]
     v.require("first_exit", first.proc.poll() == 0, first.proc.poll())
     v.require("second_exit", second.proc.poll() == 0, second.proc.poll())
     v.require("second_completed", "completed" in _states(rec, "chain-2"), _states(rec, "chain-2"))
+    v.require("checkpoint_step", bool(left) and left[-1].checkpoint_step == resume - 1,
+              left[-1].checkpoint_step if left else _states(rec, "chain-1"))
+    v.require("resumed_from", first_step == resume, first_step)
 
 
 def chain_broken(scene: Scene, rec: Recorder, v: Verdict) -> None:

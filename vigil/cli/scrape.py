@@ -18,8 +18,8 @@ _HELP = """Read dcgm-exporter and node_exporter endpoints and publish vigil's no
 \b
 Per node and scrape: a heartbeat (so heartbeat loss works with no vigil
 agent), GPU telemetry from DCGM fields (temperature, SM clock, power,
-utilization, clocks-event/throttle reasons, ECC, remapped rows, NVLink
-errors), NIC counters from node_exporter's node_infiniband_* (port and
+utilization, clocks-event/throttle reasons and violation counters, ECC,
+remapped rows, NVLink errors), NIC counters from node_exporter's node_infiniband_* (port and
 RoCE hw counters, CNP/ECN included); XID errors from
 DCGM_FI_DEV_XID_ERRORS, one per change of a GPU's last XID. Events go
 through the publisher's disk spool (<state dir>/scrape-spool), so a broker
