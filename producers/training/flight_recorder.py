@@ -284,10 +284,14 @@ def collect_dump(dist: Any = None, *, trigger: str = "on_demand", max_entries_pe
     except Exception:
         pass
     raw, why = raw_dump()
+    groups = process_groups(dist)
     if raw is None:
-        return unavailable(why or "no dump", trigger, backend)
-    return normalize(raw, trigger=trigger, backend=backend, groups=process_groups(dist),
-                     max_entries_per_group=max_entries_per_group)
+        # The groups still say who else should answer: the analysis runs once they all have,
+        # not a settling time later (by then a restart may have resolved the hang it would annotate).
+        return dict(unavailable(why or "no dump", trigger, backend),
+                    groups=[{"name": n, "desc": g.get("desc"), "ranks": g["ranks"], "last_enqueued": None,
+                             "last_started": None, "last_completed": None} for n, g in sorted(groups.items())])
+    return normalize(raw, trigger=trigger, backend=backend, groups=groups, max_entries_per_group=max_entries_per_group)
 
 
 def payload_from_file(path: str | os.PathLike, *, groups: dict[str, dict[str, Any]] | None = None,
