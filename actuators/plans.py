@@ -3,14 +3,19 @@
 The plan contract per action (what the decision engine emits)::
 
     retry_in_place          target.job   plan {"ranks": [global ranks]}      (empty/missing: every rank)
-    restart_process         target.job   plan {"nodes": [...]}               (missing: all of the job's)
-    checkpoint_restart      target.job   plan {"nodes": [...]}               (checkpoint, then restart)
+    restart_process         target.job   plan {"nodes": [...], "collect_diagnostics": [...]}  (nodes missing: all)
+    checkpoint_restart      target.job   plan {"nodes": [...], "collect_diagnostics": [...]}  (checkpoint, restart)
     isolate_node            target.node  plan {"reason": str}
     reconfigure             target.job   plan {"exclude_nodes": [...], "workers": int, "placement": {...}}
     rebalance_microbatches  target.job   plan {"microbatches": [ints >= 1]}
     adjust_topology         target.job   plan {"swaps": [[node_a, node_b], ...]}
     replan                  -            plan {"allocations": {job: [nodes]}, "workers": {job: nodes}}
     notify_human, none      -            (no machine action)
+
+``collect_diagnostics`` names what to take from the job's ranks before they
+are stopped (:data:`~vigil.schemas.control.DIAGNOSTICS`: ``flight_recorder``,
+for a hang); a backend that cannot collect ignores it, and names it does not
+know are ignored and listed (a diagnosis must never stand in a restart's way).
 
 ``replan`` re-plans every job at once (Unicron): each job named gets those
 nodes (``allocations``) or that many (``workers``, placed by the backend);
@@ -41,6 +46,7 @@ from typing import Any
 
 from vigil.actuators.errors import PlanError
 from vigil.schemas import Decision
+from vigil.schemas.control import DIAGNOSTICS
 
 __all__ = [
     "Action", "JOB_ACTIONS", "NAME_RE", "NO_MACHINE_ACTIONS", "RESERVED_NAMES", "RESTART_ACTIONS", "check_name",
@@ -64,8 +70,8 @@ RESTART_ACTIONS = frozenset({"restart_process", "checkpoint_restart", "reconfigu
 
 _PLAN_KEYS: dict[str, frozenset[str]] = {
     "retry_in_place": frozenset({"ranks"}),
-    "restart_process": frozenset({"nodes"}),
-    "checkpoint_restart": frozenset({"nodes"}),
+    "restart_process": frozenset({"nodes", "collect_diagnostics"}),
+    "checkpoint_restart": frozenset({"nodes", "collect_diagnostics"}),
     "isolate_node": frozenset({"reason"}),
     "reconfigure": frozenset({"exclude_nodes", "workers", "placement"}),
     "rebalance_microbatches": frozenset({"microbatches"}),
@@ -142,6 +148,8 @@ class Action:
     workers_by_job: dict[str, int] = field(default_factory=dict)
     reason: str = ""
     progress_step: int | None = None
+    #: what to collect from the job's ranks before stopping them (known names only)
+    diagnostics: tuple[str, ...] = ()
     ignored_keys: tuple[str, ...] = field(default=())
 
     @property
@@ -195,6 +203,13 @@ def parse_action(decision: Decision) -> Action:
         kw["ranks"] = ranks
     elif act in ("restart_process", "checkpoint_restart"):
         kw["nodes"] = _names(plan, "nodes")
+        asked = plan.get("collect_diagnostics")
+        asked = asked if isinstance(asked, list) else [] if asked is None else [asked]
+        kw["diagnostics"] = tuple(dict.fromkeys(d for d in asked if isinstance(d, str) and d in DIAGNOSTICS))
+        unknown = [d for d in asked if not (isinstance(d, str) and d in DIAGNOSTICS)]
+        if unknown:
+            ignored += (f"collect_diagnostics{unknown!r:.80}",)
+            kw["ignored_keys"] = ignored
     elif act == "isolate_node":
         reason = plan.get("reason")
         if reason is not None:

@@ -313,14 +313,14 @@ class FlightRecorderAnalyzer(Detector):
     :func:`analyze_dumps` (:func:`dump_record` of the event), ``t`` its time.
 
     Finding: kind ``"collective_stuck"`` (severity 2) when a culprit is named:
-    onset = when the first rank entered the stuck collective (the last dump
-    time if unknown); evidence ``verdict`` (missing | not_started | no_dump |
+    onset = when the first rank entered the stuck collective (the round's
+    first dump time if unknown); evidence ``verdict`` (missing | not_started | no_dump |
     stuck_longest), ``group``, ``group_desc``, ``seq``, ``op``,
     ``culprit_ranks``, ``missing_ranks``, ``waiting_ranks``,
     ``no_dump_ranks``, ``rank`` and ``node`` (the first culprit's),
     ``stuck_s``, ``chain``, ``summary`` and what the dumps held. Kind
     ``"flight_recorder_unavailable"`` (severity 2) when no rank's recorder
-    gave a dump: evidence ``unavailable`` (rank -> reason). Nothing when the
+    gave a dump (onset: the round's first dump time): evidence ``unavailable`` (rank -> reason). Nothing when the
     dumps agree (no collective is pending): :attr:`attribution` says so.
 
     Examples
@@ -389,8 +389,10 @@ class FlightRecorderAnalyzer(Detector):
         if a.verdict in ("no_mismatch",):
             self._finding = None
             return
+        # Onset: when the recorders were asked (the round's first dump), or when the stuck collective began.
+        asked = min(t, self._first) if self._first is not None else t
         if a.verdict == "unavailable":
-            self._finding = Finding("flight_recorder_unavailable", 2, t, t, dict(a.evidence, verdict="unavailable"))
+            self._finding = Finding("flight_recorder_unavailable", 2, asked, t, dict(a.evidence, verdict="unavailable"))
             return
         nodes = a.evidence.get("nodes", {})
         first = a.culprit_ranks[0] if a.culprit_ranks else None
@@ -400,7 +402,7 @@ class FlightRecorderAnalyzer(Detector):
               "rank": first, "node": nodes.get(str(first)) if first is not None else None,
               "stuck_s": a.stuck_s, "chain": [dict(c) for c in a.chain], "summary": _summary(a)}
         ev.update({k: v for k, v in a.evidence.items() if k not in ev})
-        self._finding = Finding("collective_stuck", 2, a.onset if a.onset is not None else t, t, ev,
+        self._finding = Finding("collective_stuck", 2, a.onset if a.onset is not None else asked, t, ev,
                                 subject={"rank": first, "node": ev["node"]})
 
     @property

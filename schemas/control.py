@@ -5,11 +5,14 @@ One Unix datagram socket per training process, at
 directory is ``$VIGIL_CONTROL_DIR``, default ``/tmp/vigil-control``). A command
 is one JSON datagram::
 
-    {"command": "retry_step" | "checkpoint" | "save_and_exit", "id": "<request id>"}
+    {"command": "retry_step" | "checkpoint" | "save_and_exit" | "dump_flight_recorder", "id": "<request id>"}
 
 and, when the sender bound an address, the process answers on it with
 ``{"id": .., "ok": true}`` (or ``"ok": false, "error": ..``) once the command
-is queued. The training side listens with
+is queued. The first three wait for the training loop's next step boundary;
+``dump_flight_recorder`` is served at once by the listening thread (a hung
+rank never reaches a step boundary) and answered once the dump has left the
+process (``"detail"`` says what it held). The training side listens with
 :class:`vigil.producers.training.ControlChannel`; the actuator's local backend
 sends with :func:`send_command`. Both import this module, the lowest layer
 they share.
@@ -24,13 +27,21 @@ import uuid
 from enum import Enum
 from pathlib import Path
 
-__all__ = ["Command", "ControlError", "control_path", "send_command"]
+__all__ = ["Command", "ControlError", "DIAGNOSTICS", "IMMEDIATE", "control_path", "send_command"]
 
 
 class Command(str, Enum):
     retry_step = "retry_step"
     checkpoint = "checkpoint"
     save_and_exit = "save_and_exit"
+    dump_flight_recorder = "dump_flight_recorder"
+
+
+#: Commands served by the listening thread as they arrive, never queued for a step boundary.
+IMMEDIATE = frozenset({Command.dump_flight_recorder})
+#: What a restart decision's ``plan["collect_diagnostics"]`` may ask the actuator to collect from the
+#: job's ranks before it stops them (the decision engine decides it, the local backend does it).
+DIAGNOSTICS = frozenset({"flight_recorder"})
 
 
 class ControlError(RuntimeError):

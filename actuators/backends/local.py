@@ -16,6 +16,14 @@ checkpoint_restart  ``save_and_exit`` to each rank here (once the supervisor tre
 others              failed: not supported by the local backend
 ==================  =====================================================================
 
+A restart whose plan asks for ``collect_diagnostics: ["flight_recorder"]``
+(the decision engine does for a hang) first sends ``dump_flight_recorder`` to
+every rank here, all at once, and waits at most ``dump_wait_s`` for their
+answers: each rank's hooks publish its flight-recorder dump (or why there is
+none) before it is stopped, so the hang's culprit can be named. A rank that
+does not answer in time (no control channel, a dump that hangs) is named in
+the result's detail, and the restart goes on.
+
 ``plan.nodes`` names the nodes whose processes restart; an actuator on a
 node not named does nothing and says so (``succeeded``, "nothing to do on
 node ..."). A rank's control socket is :func:`~vigil.schemas.control.control_path`
@@ -33,6 +41,7 @@ from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
@@ -78,16 +87,20 @@ class LocalBackend:
     acts_on_nodes = False
 
     def __init__(self, control: ProcessControl, control_dir: str | os.PathLike | None = None, *,
-                 node: str | None = None, command_timeout_s: float = 5.0, checkpoint_wait_s: float = 120.0) -> None:
+                 node: str | None = None, command_timeout_s: float = 5.0, checkpoint_wait_s: float = 120.0,
+                 dump_wait_s: float = 5.0) -> None:
         if not command_timeout_s > 0:
             raise ValueError(f"command_timeout_s must be > 0, got {command_timeout_s}")
         if checkpoint_wait_s < 0:
             raise ValueError(f"checkpoint_wait_s must be >= 0, got {checkpoint_wait_s}")
+        if not dump_wait_s > 0:
+            raise ValueError(f"dump_wait_s must be > 0, got {dump_wait_s}")
         self.control = control
         self.control_dir = control_dir
         self.node = node
         self.command_timeout_s = command_timeout_s
         self.checkpoint_wait_s = checkpoint_wait_s
+        self.dump_wait_s = dump_wait_s
 
     def _path(self, job: str, rank: int) -> Path:
         return control_path(job, rank, self.control_dir)
@@ -101,6 +114,31 @@ class LocalBackend:
             except (ControlError, OSError, ValueError) as exc:
                 errors.append(f"rank {r}: {exc}")
         return ok, errors
+
+    def _dump_first(self, job: str, ranks: list[int]) -> str:
+        """Ask every rank for its flight-recorder dump at once; wait at most ``dump_wait_s`` in all.
+
+        Returns what happened, for the result's detail. Never raises: the restart goes on regardless.
+        """
+        pool = ThreadPoolExecutor(max_workers=max(1, len(ranks)), thread_name_prefix="vigil-dump")
+        try:
+            futures = {pool.submit(send_command, self._path(job, r), "dump_flight_recorder",
+                                   timeout_s=self.dump_wait_s): r for r in ranks}
+            done, _ = wait(futures, timeout=self.dump_wait_s + 0.5)  # each send gives up by itself at dump_wait_s
+        finally:
+            pool.shutdown(wait=False)
+        dumped, failed = [], []
+        for fut, r in sorted(futures.items(), key=lambda kv: kv[1]):
+            if fut not in done:
+                failed.append(f"rank {r}: no answer within {self.dump_wait_s:g} s")
+                continue
+            try:
+                fut.result()
+                dumped.append(r)
+            except (ControlError, OSError, ValueError) as exc:
+                failed.append(f"rank {r}: {exc}")
+        out = f"flight recorder dump asked of ranks {ranks}: answered by {dumped}"
+        return out + (f"; not by {len(failed)}: {'; '.join(failed)[:800]}" if failed else "")
 
     def execute(self, decision: Decision | Action, dry_run: bool = False) -> Outcome:
         action = as_action(decision)
@@ -135,23 +173,29 @@ class LocalBackend:
                            "run `vigil agent --actuate -- <training command>` on the node; this actuator only "
                            "reaches the control sockets")
         reason = f"decision {action.decision_id}: {action.reason}"[:300]
+        dump = "flight_recorder" in action.diagnostics
+        first = [["send_command", str(self._path(job, r)), "dump_flight_recorder"] for r in here] if dump else []
+        first_said = f"ask ranks {here} of job {job} for their flight-recorder dumps, then " if dump else ""
+        dumped = "" if dry_run or not dump else self._dump_first(job, here) + "; "
         if action.action == "restart_process":
-            argv = [["restart", job]]
+            argv = first + [["restart", job]]
             if dry_run:
-                return Outcome(ActionState.succeeded, f"dry run: would restart ranks {here} of job {job}", argv)
+                return Outcome(ActionState.succeeded, f"dry run: would {first_said}restart ranks {here} of job {job}",
+                               argv)
             try:
                 self.control.restart(job, reason)
             except ActionCancelled:
                 raise
             except Exception as exc:
-                return Outcome(ActionState.failed, f"restart of job {job} failed: {type(exc).__name__}: {exc}", argv)
-            return Outcome(ActionState.succeeded, f"restarted ranks {here} of job {job}", argv)
+                return Outcome(ActionState.failed, f"{dumped}restart of job {job} failed: {type(exc).__name__}: {exc}",
+                               argv)
+            return Outcome(ActionState.succeeded, f"{dumped}restarted ranks {here} of job {job}", argv)
         # checkpoint_restart
-        argv = [["send_command", str(self._path(job, r)), "save_and_exit"] for r in here]
+        argv = first + [["send_command", str(self._path(job, r)), "save_and_exit"] for r in here]
         argv.append(["restart", job, f"--wait={self.checkpoint_wait_s:g}"])
         if dry_run:
-            return Outcome(ActionState.succeeded, f"dry run: would ask ranks {here} of job {job} to save and exit, "
-                           f"then restart them", argv)
+            return Outcome(ActionState.succeeded, f"dry run: would {first_said}ask ranks {here} of job {job} to save "
+                           f"and exit, then restart them", argv)
         asked: dict[str, list] = {"ok": [], "errors": []}
 
         def ask_to_save() -> bool:
@@ -164,12 +208,12 @@ class LocalBackend:
             raise
         except Exception as exc:
             ok = asked["ok"]
-            return Outcome(ActionState.failed, f"ranks {ok} asked to save and exit, then the restart of job {job} "
-                           f"failed: {type(exc).__name__}: {exc}", argv)
+            return Outcome(ActionState.failed, f"{dumped}ranks {ok} asked to save and exit, then the restart of job "
+                           f"{job} failed: {type(exc).__name__}: {exc}", argv)
         ok, errors = asked["ok"], asked["errors"]
         saved = f"ranks {ok} asked to save and exit" if ok else "no rank could be asked to save"
         missed = f"; not reached (restarted from their last checkpoint): {'; '.join(errors)[:1000]}" if errors else ""
-        return Outcome(ActionState.succeeded, f"{saved}; restarted ranks {here} of job {job}{missed}", argv)
+        return Outcome(ActionState.succeeded, f"{dumped}{saved}; restarted ranks {here} of job {job}{missed}", argv)
 
 
 _SOCK = re.compile(r"^(?P<job>.+)\.rank(?P<rank>\d+)\.sock$")

@@ -6,10 +6,12 @@ Collectors (each on its own interval and thread, each failing on its own):
 (RDMA port counters from sysfs), :mod:`~vigil.producers.agent.heartbeat`,
 :mod:`~vigil.producers.agent.process` (launch ranks like torchrun, or watch PIDs),
 :mod:`~vigil.producers.agent.watchdogs` (disk, memory, GPU memory, job liveness,
-log staleness). :mod:`~vigil.producers.agent.runner` runs them.
+log staleness), :mod:`~vigil.producers.agent.flight_recorder` (torch's on-timeout
+flight-recorder dump files). :mod:`~vigil.producers.agent.runner` runs them.
 """
 
 from vigil.producers.agent.base import Collector, CollectorUnavailable, HealthTracker
+from vigil.producers.agent.flight_recorder import FlightRecorderFileCollector
 from vigil.producers.agent.gpu import NvmlTelemetryCollector, NvmlXidCollector
 from vigil.producers.agent.heartbeat import HeartbeatCollector
 from vigil.producers.agent.kmsg import KmsgCollector, parse_kmsg_record
@@ -21,7 +23,7 @@ from vigil.producers.agent.watchdogs import (
 )
 
 __all__ = [
-    "Collector", "CollectorUnavailable", "HealthTracker", "NvmlTelemetryCollector", "NvmlXidCollector",
+    "Collector", "CollectorUnavailable", "HealthTracker", "FlightRecorderFileCollector", "NvmlTelemetryCollector", "NvmlXidCollector",
     "HeartbeatCollector", "KmsgCollector", "parse_kmsg_record", "NicCollector", "PidWatcher", "ProcessSupervisor",
     "Agent", "DiskWatchdog", "GpuMemoryWatchdog", "JobLivenessWatchdog", "LogStalenessWatchdog", "MemoryWatchdog",
     "judge_level", "trend",

@@ -135,8 +135,9 @@ class NodeBatcher:
             etype = ev.event_type  # type: ignore[attr-defined]
             self._groups.setdefault((etype, message_key(ev)), []).append(ev)
             # what cannot wait: an exception (the process may be exiting), a checkpoint's start or end and a
-            # clean end (a long pause on purpose must be known before it looks like a hang)
-            urgent = urgent or etype in ("training_exception", "checkpoint", "process_exit")
+            # clean end (a long pause on purpose must be known before it looks like a hang), a flight-recorder
+            # dump (taken for a hang its restart will soon resolve: it must be heard first)
+            urgent = urgent or etype in ("training_exception", "checkpoint", "process_exit", "flight_recorder_dump")
             step = getattr(ev, "step", None)
             job = ev.source.job
             if step is not None and job is not None and step > steps.get(job, -1):

@@ -1,5 +1,9 @@
 """The control channel's commands applied at step boundaries: retry in place, checkpoint, save and exit.
 
+``dump_flight_recorder`` is the exception: the channel's thread serves it at
+once (the rank may be stuck inside a collective and never reach a step
+boundary) by sending this rank's flight-recorder dump, or why there is none.
+
 "Save and exit" reaches the ranks of a distributed job at slightly
 different step boundaries; they agree first (one all-reduce of a flag) so
 that every rank saves the same step and none is left waiting in a
@@ -14,6 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Callable
 
 from vigil.producers.training.control import Command, ControlChannel, control_path
+from vigil.schemas.control import IMMEDIATE
 
 if TYPE_CHECKING:
     from vigil.producers.training.monitor import StepContext
@@ -35,13 +40,22 @@ class CommandHooks:
         (MAX of a flag; on NCCL it waits for the step's GPU work) tells every
         rank whether any of them was asked; they then save and exit after the
         same step. ``agree_every=0``: no agreement (each rank acts alone).
+        ``dump_flight_recorder`` is answered at once, from the channel's
+        thread (:meth:`dump_flight_recorder`).
         """
         if agree_every < 0:
             raise ValueError(f"agree_every must be >= 0, got {agree_every}")
         self._on_checkpoint = on_checkpoint
         self._agree_every = agree_every
-        self.control = ControlChannel(path or control_path(self.job, self.rank))
+        self.control = ControlChannel(path or control_path(self.job, self.rank),
+                                      handlers={Command.dump_flight_recorder: self._dump_on_request})
         return self.control
+
+    def _dump_on_request(self) -> str:
+        p = self.dump_flight_recorder("on_demand")
+        if not p.get("available"):
+            return f"flight recorder unavailable: {p.get('unavailable_reason')}"
+        return f"flight recorder dumped: {len(p.get('entries') or [])} entries of {len(p.get('groups') or [])} group(s)"
 
     def _apply_commands(self, ctx: StepContext) -> None:
         if self.control is None:
@@ -80,6 +94,8 @@ class CommandHooks:
                 self._on_checkpoint(ctx.step)
 
     def _apply(self, cmd: Command, ctx: StepContext) -> None:
+        if cmd in IMMEDIATE:  # served by the channel's thread; never queued by it
+            return
         ctx.commands.append(cmd)
         if cmd is Command.retry_step:
             ctx.retry = True

@@ -10,7 +10,10 @@ framing). Permissions are the socket file's
 
 The listening thread only queues commands; the training loop applies them at
 step boundaries (:class:`vigil.producers.training.TrainingMonitor`), where a
-checkpoint is consistent.
+checkpoint is consistent. The exception is what must work while the loop is
+stuck (:data:`~vigil.schemas.control.IMMEDIATE`: a flight-recorder dump of a
+hung rank): a handler given for it runs at once on a thread of its own, and
+the sender hears back when it has finished.
 
 ``python -m vigil.producers.training.control PATH COMMAND`` sends a command by hand.
 """
@@ -24,16 +27,28 @@ import socket
 import sys
 import threading
 from pathlib import Path
+from typing import Callable, Mapping
 
-from vigil.schemas.control import Command, ControlError, control_path, send_command
+from vigil.schemas.control import IMMEDIATE, Command, ControlError, control_path, send_command
 
 __all__ = ["Command", "ControlChannel", "ControlError", "control_path", "send_command"]
 
 
 class ControlChannel:
-    """Listens on ``path`` in a daemon thread and queues the commands it receives."""
+    """Listens on ``path`` in a daemon thread and queues the commands it receives.
 
-    def __init__(self, path: str | os.PathLike, mode: int = 0o600) -> None:
+    ``handlers``: command -> callable run at once (on a thread of its own, not
+    queued) for the commands of :data:`~vigil.schemas.control.IMMEDIATE`; the
+    reply waits for it and carries what it returned as ``detail``. Such a
+    command without a handler is refused.
+    """
+
+    def __init__(self, path: str | os.PathLike, mode: int = 0o600,
+                 handlers: Mapping[Command, Callable[[], str]] | None = None) -> None:
+        self.handlers = dict(handlers or {})
+        unknown = set(self.handlers) - IMMEDIATE
+        if unknown:
+            raise ValueError(f"only {sorted(c.value for c in IMMEDIATE)} are served at once, not {sorted(unknown)}")
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if len(os.fsencode(self.path)) >= 108:
@@ -48,6 +63,7 @@ class ControlChannel:
         os.chmod(self.path, mode)
         self._queue: queue.Queue[tuple[Command, str]] = queue.Queue()
         self._stop = threading.Event()
+        self._serving = threading.Lock()  # one handler at a time: requests that pile up wait their turn
         self._thread = threading.Thread(target=self._run, name=f"vigil-control:{self.path.name}", daemon=True)
         self._thread.start()
 
@@ -68,6 +84,9 @@ class ControlChannel:
                 reply["ok"] = True
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 reply.update(ok=False, error=f"expected {{\"command\": one of {[c.value for c in Command]}}}: {exc}")
+            if accepted is not None and accepted[0] in IMMEDIATE:
+                self._serve(accepted[0], reply, addr)
+                continue
             # Answer before queuing: once queued, the training loop may apply the
             # command and close this channel, and the sender would never hear back.
             if addr:
@@ -77,6 +96,27 @@ class ControlChannel:
                     pass
             if accepted is not None:
                 self._queue.put(accepted)
+
+    def _serve(self, cmd: Command, reply: dict, addr: str | None) -> None:
+        """Run an immediate command's handler on its own thread (it may block: the listener must not)."""
+        handler = self.handlers.get(cmd)
+
+        def run() -> None:
+            if handler is None:
+                reply.update(ok=False, error=f"{cmd.value} is not served by this process")
+            else:
+                try:
+                    with self._serving:
+                        reply["detail"] = str(handler())[:2000]
+                except Exception as exc:  # the caller hears why; the training process goes on
+                    reply.update(ok=False, error=f"{cmd.value} failed: {type(exc).__name__}: {exc}"[:2000])
+            if addr:
+                try:
+                    self._sock.sendto(json.dumps(reply).encode(), addr)
+                except OSError:
+                    pass
+
+        threading.Thread(target=run, name=f"vigil-control-{cmd.value}", daemon=True).start()
 
     def poll(self) -> list[Command]:
         """Commands received since the last call, in arrival order."""
@@ -106,6 +146,6 @@ class ControlChannel:
 
 if __name__ == "__main__":  # pragma: no cover - a tool for humans
     if len(sys.argv) != 3:
-        print("usage: python -m vigil.producers.training.control SOCKET_PATH retry_step|checkpoint|save_and_exit", file=sys.stderr)
+        print("usage: python -m vigil.producers.training.control SOCKET_PATH retry_step|checkpoint|save_and_exit|dump_flight_recorder", file=sys.stderr)
         sys.exit(2)
     print(json.dumps(send_command(sys.argv[1], sys.argv[2])))

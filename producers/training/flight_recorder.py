@@ -1,9 +1,10 @@
 """Torch's flight recorder: take a rank's dump, read torch's dump files, cut them to what a hang analysis needs.
 
 The recorder is torch's ring buffer of the last collectives of every process
-group of a rank (``torch/csrc/distributed/c10d/FlightRecorder*``), enabled by
+group of a rank (``torch/csrc/distributed/c10d/FlightRecorder*``), sized by
 ``TORCH_FR_BUFFER_SIZE=N`` (``TORCH_NCCL_TRACE_BUFFER_SIZE`` before torch
-2.7) set before the process group starts. It is dumped
+2.7) set before the process group starts (0: off; unset: torch's default,
+2000 entries in 2.13, off in older releases). It is dumped
 
 * on request, from any thread (the training thread may be stuck inside the
   collective): ``torch._C._distributed_c10d._dump_fr_trace_json`` (torch >=
@@ -225,10 +226,13 @@ def normalize(raw: dict[str, Any], *, trigger: str, backend: str | None = None,
                "entries": kept, "entries_total": len(entries_raw)}
     if not entries_raw:
         size = _buffer_size()
+        # The buffer's default differs by version (0 in older torch, 2000 in 2.13): say what is known.
         payload.update(available=False, unavailable_reason=(
-            "the flight recorder holds no entries: its buffer is off (set TORCH_FR_BUFFER_SIZE, or "
-            "TORCH_NCCL_TRACE_BUFFER_SIZE before torch 2.7, > 0 before the process group starts)"
-            if not size else "the flight recorder holds no entries (no collective recorded yet)"))
+            "the flight recorder holds no entries: its buffer is off (TORCH_FR_BUFFER_SIZE=0)" if size == 0 else
+            "the flight recorder holds no entries (no collective recorded yet)" if size else
+            "the flight recorder holds no entries: nothing recorded yet, or its buffer is off by default in this "
+            "torch (set TORCH_FR_BUFFER_SIZE, or TORCH_NCCL_TRACE_BUFFER_SIZE before torch 2.7, > 0 before the "
+            "process group starts)"))
     return payload
 
 
@@ -284,10 +288,14 @@ def collect_dump(dist: Any = None, *, trigger: str = "on_demand", max_entries_pe
     except Exception:
         pass
     raw, why = raw_dump()
+    groups = process_groups(dist)
     if raw is None:
-        return unavailable(why or "no dump", trigger, backend)
-    return normalize(raw, trigger=trigger, backend=backend, groups=process_groups(dist),
-                     max_entries_per_group=max_entries_per_group)
+        # The groups still say who else should answer: the analysis runs once they all have,
+        # not a settling time later (by then a restart may have resolved the hang it would annotate).
+        return dict(unavailable(why or "no dump", trigger, backend),
+                    groups=[{"name": n, "desc": g.get("desc"), "ranks": g["ranks"], "last_enqueued": None,
+                             "last_started": None, "last_completed": None} for n, g in sorted(groups.items())])
+    return normalize(raw, trigger=trigger, backend=backend, groups=groups, max_entries_per_group=max_entries_per_group)
 
 
 def payload_from_file(path: str | os.PathLike, *, groups: dict[str, dict[str, Any]] | None = None,

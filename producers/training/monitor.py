@@ -102,7 +102,10 @@ from vigil.producers.training.batching import default_hooks_socket
 from vigil.producers.training.timing import BLOCKED, COLLECTIVE, COMPUTE, WAIT, split_step
 from vigil.producers.training.wire import Sink, UnixDatagramSink
 
-__all__ = ["TrainingMonitor", "StepContext", "COLLECTIVES", "EventBackend", "CudaEvents"]
+__all__ = ["TrainingMonitor", "StepContext", "COLLECTIVES", "EventBackend", "CudaEvents", "FLUSH_INTERVAL_S"]
+
+#: At most one datagram per this many seconds (see the module docstring's "Cost").
+FLUSH_INTERVAL_S = 0.2
 
 
 class StepContext:
@@ -154,7 +157,7 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
 
     def __init__(self, sink: Sink, *, job: str, rank: int, node: str | None = None, cluster: str = "default",
                  gpu: int | None = None, dp: int | None = None, pp: int | None = None, tp: int | None = None,
-                 flush_interval_s: float = 0.2, max_buffer: int = 1024, retry_wait_s: float = 0.0,
+                 flush_interval_s: float = FLUSH_INTERVAL_S, max_buffer: int = 1024, retry_wait_s: float = 0.0,
                  clock: Callable[[], float] = time.time, timing: str = "auto", events: EventBackend | None = None,
                  max_pending_steps: int = 64) -> None:
         if rank < 0:

@@ -67,6 +67,9 @@ SHARED_CAUSES = {NODES_SILENT, "chain_broken"}
 RUNG_SEVERITY = {"retry_in_place": 3, "restart_process": 2, "reconfigure": 1, "notify_human": 1}
 #: Remedies after which the failure counts as recovered when the actuator reports success.
 RECOVERING = {"retry_in_place", "restart_process", "reconfigure", "checkpoint_restart", "isolate_node"}
+#: What a restart collects from the ranks before stopping them, per failure kind: a hung rank's flight
+#: recorder names the collective it is stuck in and who never joined it (plan key collect_diagnostics).
+DIAGNOSE = {"task_hang": ["flight_recorder"]}
 
 
 #: How grave each recovering remedy is, as a ladder rung (a checkpoint-restart restarts the
@@ -471,6 +474,8 @@ class DecisionEngine:
             plan = {"exclude_nodes": excluded}
         else:
             plan = {}
+        if kind in DIAGNOSE and action in ("restart_process", "checkpoint_restart"):
+            plan["collect_diagnostics"] = list(DIAGNOSE[kind])
         decision = self._decide(job, kind, action, source_alert, now, reason, plan, answers=answers, culprit=culprit)
         out: list[Envelope] = [decision]
         if action == "notify_human":

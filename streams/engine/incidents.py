@@ -22,7 +22,12 @@ culprit); the nodes that come back clear it, and nodes still silent
 ``silence_split_s`` after the others returned are handed back one by one.
 
 Only a cause that still holds explains a new finding: a lost node that came
-back, or a job that ended, takes no later fault into its incident.
+back, or a job that ended, takes no later fault into its incident. One
+exception: a hung job's flight-recorder verdict (``collective_stuck``, or the
+recorder being unavailable) is taken from the ranks just before the restart
+that ends the hang, and may be heard after that restart closed the incident;
+within ``late_cause_s`` it still names that incident's cause, in a further
+``resolved`` version (never a page of its own).
 
 Pure bookkeeping, no Kafka; time is an argument. Incident ids derive from
 the founding finding, and alert event ids from (incident id, version), so
@@ -54,6 +59,8 @@ NODES_SILENT = "nodes_silent"
 COLLECTIVE_STUCK = "collective_stuck"
 #: Findings that only annotate an incident (they never open one of their own).
 ANNOTATIONS = {"flight_recorder_unavailable"}
+#: What the flight recorders say of a hang: heard late, it still belongs to the hang's closed incident.
+LATE_CAUSES = {COLLECTIVE_STUCK} | ANNOTATIONS
 #: A rank that ended: its job stalls and its peers time out waiting for it.
 CRASHES = TRANSIENT
 
@@ -168,7 +175,7 @@ class Correlator:
 
     def __init__(self, cluster_emitter: str = "vigil-correlate", transient_hold_s: float = 600.0,
                  silence_group: int = 3, silence_window_s: float = 5.0, silence_split_s: float = 30.0,
-                 silence_hold_s: float = 1.5) -> None:
+                 silence_hold_s: float = 1.5, late_cause_s: float = 60.0) -> None:
         if silence_group < 2:
             raise ValueError(f"silence_group must be >= 2, got {silence_group}")
         self.emitter = cluster_emitter
@@ -183,6 +190,9 @@ class Correlator:
         self._seen: OrderedDict[uuid.UUID, None] = OrderedDict()
         #: job -> time of its last recovery: symptoms that began before it belong to the resolved failure.
         self._recovered_at: dict[str, float] = {}
+        self.late_cause_s = late_cause_s
+        #: job -> (incident, when, why) of its last hang incident closed: see LATE_CAUSES
+        self._closed_hangs: dict[str, tuple[Incident, float, str]] = {}
 
     def open_incidents(self) -> list[Incident]:
         return list(self.incidents.values())
@@ -198,6 +208,8 @@ class Correlator:
     def _on_raised(self, f: DetectorFinding, now: float) -> list[Alert]:
         key = finding_key(f)
         job = f.subject.job
+        if f.kind in LATE_CAUSES and (late := self._late_cause(f, now)) is not None:
+            return late
         if job is not None and job in self._recovered_at and to_seconds(f.onset_time) < self._recovered_at[job]:
             return []  # late evidence of a failure already recovered from
         for inc in self.incidents.values():
@@ -234,7 +246,7 @@ class Correlator:
                     first.members[k] = m
                 first.cleared |= other.cleared
                 first.evidence_count += other.evidence_count
-                alerts.append(self._close(other, now, f"merged into incident {first.incident_id}"))
+                alerts.append(self._close(other, now, f"merged into incident {first.incident_id}", merged=True))
             alerts.insert(0, self._alert(first, "update", now))
             return alerts
         # 3. a new root cause
@@ -246,6 +258,25 @@ class Correlator:
         self._add_evidence(inc, f, now)
         self.incidents[inc.incident_id] = inc
         return [self._alert(inc, "open", now)]
+
+    def _late_cause(self, f: DetectorFinding, now: float) -> list[Alert] | None:
+        """The recorders' verdict on a hang whose incident has closed since they were asked: that incident's
+        cause, told in a further ``resolved`` version; None when there is no such incident."""
+        held = self._closed_hangs.get(f.subject.job or "")
+        if held is None:
+            return None
+        inc, closed_at, why = held
+        if now - closed_at > self.late_cause_s or to_seconds(f.onset_time) > closed_at:
+            return None  # asked after that incident closed: about something else
+        if finding_key(f) in inc.members:
+            return []
+        inc.members[finding_key(f)] = f
+        self._add_evidence(inc, f, now)
+        if f.kind not in ANNOTATIONS:
+            inc.root = f
+            inc.severity = min(inc.severity, f.severity)
+        inc.summary = f"{_summary(inc.root)} (explains {len(inc.members) - 1} finding(s)) — resolved: {why}"
+        return [self._alert(inc, "resolved", now)]
 
     def _current(self, f: DetectorFinding) -> bool:
         """Is ``f`` still evidence: not a symptom of a job from before that job recovered?"""
@@ -287,6 +318,8 @@ class Correlator:
         lost nodes held back that no third one joined."""
         out = [self._close(inc, now, "no new evidence") for inc in list(self.incidents.values())
                if self._all_clear(inc, now)]
+        for job in [j for j, (_, at, _) in self._closed_hangs.items() if now - at > self.late_cause_s]:
+            del self._closed_hangs[job]
         for key, (f, due) in list(self._held.items()):
             if now >= due:
                 del self._held[key]
@@ -346,7 +379,8 @@ class Correlator:
         for m in held.values():
             self._add_evidence(shared, m, now)
         alerts = [self._alert(shared, "open" if first_version else "update", now)]
-        alerts += [self._close(o, now, f"merged into incident {shared.incident_id}") for o in near if o is not shared]
+        alerts += [self._close(o, now, f"merged into incident {shared.incident_id}", merged=True)
+                   for o in near if o is not shared]
         return alerts
 
     def _split_silence(self, inc: Incident, now: float) -> list[Alert]:
@@ -390,9 +424,12 @@ class Correlator:
                 entry["job_nodes"] = list(f.job_nodes)  # where the job runs: what a node failure affects
             inc.evidence.append(entry)
 
-    def _close(self, inc: Incident, now: float, why: str) -> Alert:
+    def _close(self, inc: Incident, now: float, why: str, merged: bool = False) -> Alert:
         self.incidents.pop(inc.incident_id, None)
         inc.summary = f"{inc.summary} — resolved: {why}"
+        job = inc.root.subject.job
+        if job and not merged and any(m.kind == "task_hang" for m in inc.members.values()):
+            self._closed_hangs[job] = (inc, now, why)
         return self._alert(inc, "resolved", now)
 
     def _alert(self, inc: Incident, status: str, now: float) -> Alert:

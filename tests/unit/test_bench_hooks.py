@@ -85,3 +85,14 @@ def test_headline_target_is_met_only_by_the_upper_end_of_the_interval():
     assert headline({"realistic": _run(1.8, [1.5, 2.2])})["overhead_pct"] == 1.8  # reported as it is
     only_short = headline({"short": _run(0.5, [0.2, 0.9], 15.0, pinned=False)})
     assert only_short["run"] == "short" and "not pinned" in only_short["denominator"]
+
+
+def test_the_workload_runs_the_hooks_at_the_monitors_deployed_flush_interval():
+    import inspect
+
+    from vigil.bench.hooks_workload import flush_interval
+    from vigil.producers.training import TrainingMonitor
+
+    deployed = inspect.signature(TrainingMonitor.__init__).parameters["flush_interval_s"].default
+    assert flush_interval({}) == deployed  # the benchmark measures what users run (it ran 0.5 s against 0.2 s)
+    assert flush_interval({"flush_interval_s": 0.05}) == 0.05

@@ -333,3 +333,15 @@ def test_a_job_that_fails_or_ends_with_no_remedy_tried_calls_no_one():
     assert [a for a in eng.on_state(_job("fixed", "completed"), 20.0) if isinstance(a, Alert)] == []
     decisions(eng.on_alert(alert("process_exit", 2, job="old"), 10.0))  # long before: not this failure's
     assert [a for a in eng.on_state(_job("old", "failed"), 10.0 + 601 + 1e-3) if isinstance(a, Alert)] == []
+
+
+def test_a_hang_restart_asks_for_the_flight_recorders_first_and_no_other_restart_does():
+    from vigil.schemas.control import DIAGNOSTICS
+    from vigil.streams.engine.decisions import DIAGNOSE
+
+    assert all(set(v) <= DIAGNOSTICS for v in DIAGNOSE.values())  # only what the actuators know how to collect
+    eng = DecisionEngine(settle_s=0, silence_settle_s=0)
+    (hang,) = decisions(eng.on_alert(alert("task_hang", 2, job="gpt"), 0))
+    assert hang.action == "restart_process" and hang.plan["collect_diagnostics"] == ["flight_recorder"]
+    (crash,) = decisions(eng.on_alert(alert("process_exit", 2, job="llama"), 0))
+    assert crash.action == "restart_process" and "collect_diagnostics" not in crash.plan

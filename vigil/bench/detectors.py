@@ -13,7 +13,15 @@ seeds** (both named in the JSON):
    that change the level, periodic checkpoint/eval blocks, long warm-ups);
 3. the ``general`` section (:mod:`vigil.bench.changepoints`): the streaming
    change-point detector against ruptures' Binseg and PELT, "zero" and a
-   plain BOCPD on ten families of series with simulated annotators.
+   plain BOCPD on ten families of series with simulated annotators;
+4. the ``localizer`` section: the straggler localizer's classes
+   (:func:`vigil.bench.localization.score_localizer`) and the ACF
+   iteration-period error.
+
+``sections`` (:data:`SECTIONS`) runs some of them only: written into an
+existing result file, they replace their own keys and leave the others as
+they were (the run is listed under ``refreshed``, with its command and
+load), so one section can be refreshed without re-running the rest.
 
 Tuning: ``bocd_verify``'s ``min_after`` and ``z_min`` and
 ``residual_cusum_verify``'s and ``residual_cusum``'s defaults were chosen on
@@ -85,7 +93,7 @@ import vigil.detectors.verification  # noqa: F401  (registration)
 from vigil.sim.failslow_cases import OUT_OF_FAMILY, generate_cases
 from vigil.sim.traces import IterationTrace, generate_traces
 
-__all__ = ["DETECTORS", "TUNED", "ONSET_TOLERANCE", "REQUIRED_STEP", "REQUIRED_ITERS", "TARGETS", "run",
+__all__ = ["DETECTORS", "TUNED", "ONSET_TOLERANCE", "REQUIRED_STEP", "REQUIRED_ITERS", "TARGETS", "SECTIONS", "run",
            "run_detector", "score_trace", "evaluate"]
 
 #: Detectors compared, by registry name.
@@ -100,6 +108,9 @@ REQUIRED_STEP = 0.10
 REQUIRED_ITERS = 10
 #: The fail-slow targets, re-reported on the evaluation seeds.
 TARGETS = {"accuracy": 0.995, "fpr": 0.0, "fnr_ge10": 0.01, "delay_median_ge20": 5}
+#: The benchmark's sections and the keys of the result each one writes.
+SECTIONS = {"failslow": ("detectors", "floor", "traces", "targets"), "out_of_family": ("out_of_family",),
+            "localizer": ("localizer", "acf"), "general": ("general",)}
 
 
 class NeverAlarm:
@@ -326,15 +337,25 @@ def _load() -> list[float] | None:
 def run(json_path: str | None = None, n_traces: int = 500, tuning_seeds: Sequence[int] = (0,),
         evaluation_seeds: Sequence[int] = (2, 3), n_out_of_family: int = 50, general: bool = True,
         n_general_per_family: int = 70, progress: Callable[[str], Any] | None = None,
-        detectors: Sequence[str] = DETECTORS, command: str | None = None) -> dict[str, Any]:
-    """Run the benchmark; write the result to ``json_path`` (when given) and return it."""
+        detectors: Sequence[str] = DETECTORS, command: str | None = None,
+        sections: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark (``sections`` of :data:`SECTIONS`, default all); write the result to ``json_path``
+    (when given: some sections only are merged into what the file holds) and return what was written."""
     if set(tuning_seeds) & set(evaluation_seeds):
         raise ValueError(f"tuning seeds {list(tuning_seeds)} and evaluation seeds {list(evaluation_seeds)} overlap")
+    chosen = list(SECTIONS) if sections is None else list(dict.fromkeys(sections))
+    unknown = [x for x in chosen if x not in SECTIONS]
+    if unknown or not chosen:
+        raise ValueError(f"sections must be some of {list(SECTIONS)}, got {list(sections or [])}")
+    partial = set(chosen) != set(SECTIONS)
+    base = _merge_base(json_path, tuning_seeds, evaluation_seeds) if partial else None
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     load_before = _load()
-    traces = [tr for seed in evaluation_seeds for tr in generate_traces(n_traces, seed=seed)]
-    cases = [c for seed in evaluation_seeds for c in generate_cases(n_out_of_family, seed=seed)]
+    traces = [tr for seed in evaluation_seeds for tr in generate_traces(n_traces, seed=seed)] \
+        if "failslow" in chosen else []
+    cases = [c for seed in evaluation_seeds for c in generate_cases(n_out_of_family, seed=seed)] \
+        if "out_of_family" in chosen else []
     result: dict[str, Any] = {
         "command": command,
         "tuning_seeds": list(tuning_seeds),
@@ -354,15 +375,16 @@ def run(json_path: str | None = None, n_traces: int = 500, tuning_seeds: Sequenc
             "required_iterations": REQUIRED_ITERS,
         },
     }
-    for name in detectors:
-        say(f"fail-slow: {name}")
-        m = evaluate(REGISTRY[name], traces)
-        m["tuned"] = name in TUNED
-        if name in TUNED:
-            m["targets_met"] = _targets(m)
-        result["detectors"][_label(name)] = m
-    result["floor"] = evaluate(NeverAlarm, traces)
-    for fam in OUT_OF_FAMILY:
+    if "failslow" in chosen:
+        for name in detectors:
+            say(f"fail-slow: {name}")
+            m = evaluate(REGISTRY[name], traces)
+            m["tuned"] = name in TUNED
+            if name in TUNED:
+                m["targets_met"] = _targets(m)
+            result["detectors"][_label(name)] = m
+        result["floor"] = evaluate(NeverAlarm, traces)
+    for fam in OUT_OF_FAMILY if "out_of_family" in chosen else ():
         say(f"out of family: {fam}")
         fc = [c for c in cases if c.family == fam]
         trs = [c.trace for c in fc]
@@ -377,14 +399,24 @@ def run(json_path: str | None = None, n_traces: int = 500, tuning_seeds: Sequenc
         fl = evaluate(NeverAlarm, trs, evs)
         row["floor"] = {"accuracy": fl["accuracy"], "accuracy_ci": fl["accuracy_ci"]}
         result["out_of_family"][fam] = row
-    say("localizer and acf")
-    result["localizer"], result["acf"] = _localization(evaluation_seeds[0])
-    if general:
+    if "localizer" in chosen:
+        say("localizer and acf")
+        result["localizer"], result["acf"] = _localization(evaluation_seeds[0])
+    if general and "general" in chosen:
         from vigil.bench.changepoints import run_general
 
         result["general"] = run_general(tuning_seeds, evaluation_seeds, n_general_per_family, progress=say)
     result["load_avg_after"] = _load()
     result["elapsed_s"] = time.perf_counter() - t0
+    if base is not None:
+        refreshed = {k: result[k] for k in ("command", "load_avg_before", "load_avg_after", "elapsed_s")}
+        for section in chosen:
+            if section == "general" and not general:
+                continue  # asked for and then turned off: what the file holds stays
+            for key in SECTIONS[section]:
+                base[key] = result[key]
+        base["refreshed"] = list(base.get("refreshed") or []) + [dict(refreshed, sections=chosen)]
+        result = base
     if json_path is not None:
         d = os.path.dirname(os.path.abspath(json_path))
         os.makedirs(d, exist_ok=True)
@@ -392,6 +424,21 @@ def run(json_path: str | None = None, n_traces: int = 500, tuning_seeds: Sequenc
             json.dump(_clean_json(result), f, indent=2, sort_keys=False)
             f.write("\n")
     return result
+
+
+def _merge_base(json_path: str | None, tuning_seeds: Sequence[int], evaluation_seeds: Sequence[int]) -> dict[str, Any] | None:
+    """What an existing result file holds, for some sections to replace theirs in; None when there is none."""
+    if json_path is None or not os.path.exists(json_path):
+        return None
+    with open(json_path) as f:
+        base = json.load(f)
+    if not isinstance(base, dict):
+        raise ValueError(f"{json_path} does not hold a detectors result (a JSON object)")
+    for key, seeds in (("tuning_seeds", tuning_seeds), ("evaluation_seeds", evaluation_seeds)):
+        if base.get(key) is not None and list(base[key]) != list(seeds):
+            raise ValueError(f"{json_path} was made with {key} {base[key]}, this run has {list(seeds)}: "
+                             "its sections would not be comparable (write elsewhere with --json)")
+    return base
 
 
 def _clean_json(obj: Any) -> Any:

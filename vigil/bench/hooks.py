@@ -110,7 +110,7 @@ from pathlib import Path
 from typing import Any
 
 from vigil.bench.abtest import ab_overhead
-from vigil.bench.hooks_workload import WorkloadResult, _free_port, _Tee, run_workload  # noqa: F401 - re-exported
+from vigil.bench.hooks_workload import WorkloadResult, _free_port, _Tee, flush_interval, run_workload  # noqa: F401 - re-exported
 
 __all__ = ["WorkloadResult", "ab_overhead", "headline", "run", "run_workload"]
 
@@ -409,6 +409,7 @@ def run(json_path: str | os.PathLike, *, steps: int = 1600, block: int = 20, wor
                     "timing": "CPU path (gloo): host clock, compute from marked mon.compute() blocks, the "
                               "compute/communication/wait split per step; hang watchdog and control channel on",
                     "gpu": "no GPU here: the CUDA path's overhead is not measured",
+                    "flush_interval_s": flush_interval({}),  # the monitor's deployed default
                     "world": world, "grid": [world // 2, 2], "pin_cores": pin_cores, "steps": steps, "block": block,
                     "end_to_end": runs,
                     # The hot path timed alone with warm caches: a lower bound of the in-situ cost, for

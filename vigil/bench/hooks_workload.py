@@ -17,7 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["WorkloadResult", "run_workload"]
+__all__ = ["WorkloadResult", "run_workload", "flush_interval"]
+
+
+def flush_interval(cfg: dict[str, Any]) -> float:
+    """The hooks' flush interval in a workload: the monitor's deployed default unless the config names one."""
+    from vigil.producers.training.monitor import FLUSH_INTERVAL_S
+
+    return float(cfg.get("flush_interval_s", FLUSH_INTERVAL_S))
 
 
 def _free_port() -> int:
@@ -82,7 +89,7 @@ def _rank_main(rank: int, cfg: dict[str, Any]) -> None:
         from vigil.producers.training import TrainingMonitor, UnixDatagramSink
 
         mon = TrainingMonitor(UnixDatagramSink(cfg["socket"]), job=cfg["job"], rank=rank, node=cfg.get("node", "bench-node"),
-                              dp=dp, pp=0, tp=tp, flush_interval_s=cfg.get("flush_interval_s", 0.5))
+                              dp=dp, pp=0, tp=tp, flush_interval_s=flush_interval(cfg))
         mon.name_group(tp_group, f"tp:{dp}")
         mon.name_group(dp_group, f"dp:{tp}")
 

@@ -22,6 +22,9 @@ def bench_detectors(
     out_of_family: int = typer.Option(50, min=1, help="Out-of-family fail-slow cases per family and seed."),
     general: bool = typer.Option(True, help="Run the general change-point section (needs ruptures)."),
     per_family: int = typer.Option(70, min=5, help="General series per family and evaluation seed."),
+    sections: str = typer.Option("failslow,out_of_family,localizer,general", "--sections",
+                                 help="Sections to run, comma-separated (failslow, out_of_family, localizer, general); "
+                                      "run into an existing --json file, they replace only their own part of it."),
 ) -> None:
     """Score the change-point detectors on labelled series, on evaluation seeds apart from the tuning seeds.
 
@@ -34,12 +37,17 @@ def bench_detectors(
     Binseg and PELT, "zero" and BOCPD on ten families of series with
     simulated annotators. Also the straggler localizer's accuracy and the
     ACF iteration-period error. Writes JSON (with the machine's load before
-    and after, and this command) and prints tables.
+    and after, and this command) and prints tables. ``--sections localizer``
+    refreshes the localizer's part of an existing result alone.
     """
     require_server("bench detectors")
     import sys
 
-    from vigil.bench.detectors import run
+    from vigil.bench.detectors import SECTIONS, run
+
+    chosen = [x.strip() for x in sections.split(",") if x.strip()]
+    if not chosen or any(x not in SECTIONS for x in chosen):
+        fail(f"--sections must be some of {', '.join(SECTIONS)}, got {sections!r}")
 
     def seeds(text: str) -> list[int]:
         try:
@@ -49,10 +57,13 @@ def bench_detectors(
 
     command = " ".join(["vigil"] + sys.argv[1:])
     with console.status("generating traces...") as status:
-        result = run(str(json_path), n_traces=traces, tuning_seeds=seeds(tuning_seeds),
-                     evaluation_seeds=seeds(evaluation_seeds), n_out_of_family=out_of_family, general=general,
-                     n_general_per_family=per_family, command=command,
-                     progress=lambda what: status.update(f"scoring {what}..."))
+        try:
+            result = run(str(json_path), n_traces=traces, tuning_seeds=seeds(tuning_seeds),
+                         evaluation_seeds=seeds(evaluation_seeds), n_out_of_family=out_of_family, general=general,
+                         n_general_per_family=per_family, command=command, sections=chosen,
+                         progress=lambda what: status.update(f"scoring {what}..."))
+        except ValueError as exc:
+            fail(str(exc))
     from rich import box
 
     fmt = lambda v, p=3: "-" if v is None else (f"{v:.{p}f}" if isinstance(v, float) else str(v))
@@ -61,18 +72,21 @@ def bench_detectors(
                   box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False,
                   title=f"fail-slow, evaluation seeds {result['evaluation_seeds']} "
                         f"(tuned on {result['tuning_seeds']}), {result['traces']['n']} traces")
-    rows = list(result["detectors"].items()) + [("floor (never alarms)", result["floor"])]
+    rows = list(result["detectors"].items()) + ([("floor (never alarms)", result["floor"])] if result["floor"] else [])
     for name, r in rows:
         table.add_row(name, fmt(r.get("accuracy")) + ci(r, "accuracy"), fmt(r.get("fpr")), fmt(r.get("fnr_ge10")),
                       fmt(r.get("delay_median"), 0), fmt(r.get("delay_max"), 0),
                       f"{(r.get('updates_per_s') or 0) / 1000:,.0f}k")
-    console.print(table)
+    if rows:
+        console.print(table)
     names = list(result["detectors"])
     oof = Table("case", "n", *names, "floor", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False,
                 title="out of family: accuracy")
     for fam, row in result["out_of_family"].items():
-        oof.add_row(fam, str(row["n"]), *(fmt(row[nm]["accuracy"]) for nm in names), fmt(row["floor"]["accuracy"]))
-    console.print(oof)
+        oof.add_row(fam, str(row["n"]), *(fmt((row.get(nm) or {}).get("accuracy")) for nm in names),
+                    fmt(row["floor"]["accuracy"]))
+    if result["out_of_family"]:
+        console.print(oof)
     g = result.get("general")
     if g:
         refs = g["references"]
@@ -87,9 +101,12 @@ def bench_detectors(
                    fmt(refs["zero"]["f1"]), fmt(refs["zero"]["cover"]), fmt(refs["binseg"]["f1"]),
                    fmt(refs["pelt"]["f1"]), fmt(refs["bocpd"]["f1"]))
         console.print(gt)
-    console.print(f"localizer accuracy {fmt((result.get('localizer') or {}).get('accuracy'))}, "
+    loc = result.get("localizer") or {}
+    console.print(f"localizer accuracy {fmt(loc.get('accuracy'))} (through the hooks {fmt(loc.get('accuracy_hooks'))}; "
+                  f"per class {loc.get('by_class')}), "
                   f"ACF median relative error {fmt((result.get('acf') or {}).get('rel_error_median'), 4)}")
-    console.print(f"load average before {result['load_avg_before']}, after {result['load_avg_after']}")
+    last = (result.get("refreshed") or [result])[-1]
+    console.print(f"load average before {last['load_avg_before']}, after {last['load_avg_after']}")
     console.print(f"written to {json_path}")
 
 

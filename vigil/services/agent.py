@@ -68,6 +68,7 @@ class AgentOptions:
     kmsg_interval: float = 1.0
     nic_interval: float = 10.0
     watchdog_interval: float = 60.0
+    flight_recorder_interval: float = 1.0
     kmsg: Path = Path("/dev/kmsg")
     nic_root: Path = Path("/sys/class/infiniband")
     disk: list[Path] = field(default_factory=list)
@@ -190,9 +191,9 @@ class NodeAgent:
     # -- wiring --------------------------------------------------------------------------------------------
     def _collectors(self) -> list[Any]:
         from vigil.producers.agent import (
-            DiskWatchdog, GpuMemoryWatchdog, HeartbeatCollector, JobLivenessWatchdog, KmsgCollector,
-            LogStalenessWatchdog, MemoryWatchdog, NicCollector, NvmlTelemetryCollector, NvmlXidCollector, PidWatcher,
-            ProcessSupervisor,
+            DiskWatchdog, FlightRecorderFileCollector, GpuMemoryWatchdog, HeartbeatCollector, JobLivenessWatchdog,
+            KmsgCollector, LogStalenessWatchdog, MemoryWatchdog, NicCollector, NvmlTelemetryCollector, NvmlXidCollector,
+            PidWatcher, ProcessSupervisor,
         )
 
         o, ns = self.opts, self.node_source
@@ -219,6 +220,12 @@ class NodeAgent:
                                                 node_rank=o.node_rank, master_addr=o.master_addr,
                                                 master_port=o.master_port, env=env,
                                                 ignore_signals=[w] if (w := self._warn_signal()) else [])
+            # Torch writes a rank's recorder to a file when a NCCL collective times out, and the rank dies
+            # soon after: the agent, which outlives it, publishes the file.
+            if o.job:  # (a dump is judged with its job's other ranks)
+                sup = self.supervisor
+                out.append(FlightRecorderFileCollector(o.flight_recorder_interval, self.source,
+                                                       lambda: sup.global_ranks))
         return out
 
     def _runner(self, kafka_conf: dict[str, Any], prefix: str, state_dir: Path, session_timeout_s: float,
