@@ -64,13 +64,16 @@ from vigil.schemas.signing import Keyring
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Executor", "CIRCUIT_ALERT_KIND", "REFUSED_ALERT_KIND"]
+__all__ = ["Executor", "CIRCUIT_ALERT_KIND", "MAX_DECISION_AGE_S", "REFUSED_ALERT_KIND"]
 
 CIRCUIT_ALERT_KIND = "actuator_circuit_open"
 REFUSED_ALERT_KIND = "actuator_refused_decision"
 #: Refusal alerts per kind of refusal in any minute; beyond, counted into the next one (a flood of
 #: forged decisions must not become a flood of pages).
 ALERTS_PER_MINUTE = 10
+#: Decisions older than this many seconds when handled are refused as stale: the cluster they were
+#: decided on has moved on (every actuator's default: ``vigil actuate``, the agent's).
+MAX_DECISION_AGE_S = 600.0
 _NS = uuid.UUID("0b7d2f3c-6a51-4f0e-8a7e-3c1f4b6e9d20")
 
 
@@ -111,7 +114,7 @@ class Executor:
     """
 
     def __init__(self, backend: Backend, ledger: Ledger, inventory: Inventory, safety: Safety | None = None, *,
-                 dry_run: bool = False, source: Source | None = None, max_age_s: float | None = 600.0,
+                 dry_run: bool = False, source: Source | None = None, max_age_s: float | None = MAX_DECISION_AGE_S,
                  actions: Iterable[str] | None = None, clock: Callable[[], datetime] | None = None,
                  keyring: Keyring | None = None, max_future_s: float = 60.0) -> None:
         self.backend = backend

@@ -11,12 +11,13 @@ import uuid
 from enum import Enum
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, Field, model_validator
+from pydantic import AwareDatetime, Field, PrivateAttr, model_validator
 
 from vigil.schemas.envelope import (
     INT32_MAX, INT64_MAX, INT64_MIN, Count, Envelope, Frozen, Label, Name, label_field,
     name_field, time_field,
 )
+from vigil.schemas.evidence import FindingEvidence, evidence_of
 
 #: An unsigned 64-bit counter as the kernel reports it (stored as JSON text, not as an Int64 column).
 U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
@@ -384,6 +385,25 @@ class DetectorFinding(Envelope):
                                      "was found (what a node's failure takes down).")
     slowdown: Slowdown | None = Field(None, description="For a fail-slow or straggler: its size, class and place.")
     evidence: dict[str, Any] = Field(default_factory=dict, description="The detector's evidence.")
+
+    # The typed view of ``evidence`` (vigil.schemas.evidence), made once when the finding is made or decoded.
+    _facts: FindingEvidence | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _typed_evidence(self) -> "DetectorFinding":
+        self._facts = evidence_of(self.kind, self.evidence)
+        return self
+
+    @property
+    def facts(self) -> FindingEvidence:
+        """What correlation reads of the evidence, typed for its kind (:mod:`vigil.schemas.evidence`)."""
+        return self._facts if self._facts is not None else evidence_of(self.kind, self.evidence)
+
+    def model_copy(self, *, update: dict[str, Any] | None = None, deep: bool = False) -> "DetectorFinding":
+        copy = super().model_copy(update=update, deep=deep)
+        if update and ("kind" in update or "evidence" in update):
+            copy._facts = evidence_of(copy.kind, copy.evidence)  # not the original's view
+        return copy
 
 
 class Decision(Envelope):

@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 from vigil.schemas import GPUS_PER_NODE, Envelope
 from vigil.sim.simulator import EXCEPTION_ALERT, ClusterSimulator, Fault, SimJob
 
-__all__ = ["FAULT_KINDS", "Feed", "FeedError", "Injection", "build_cluster", "parse_duration", "parse_fault"]
+__all__ = ["FAULT_KINDS", "Feed", "FeedError", "FeedInjection", "build_cluster", "parse_duration", "parse_fault"]
 
 #: Fault kinds and whether they target a node (else a job).
 FAULT_KINDS: dict[str, bool] = {
@@ -178,7 +178,7 @@ def parse_fault(text: str, nodes: Sequence[str], jobs: Sequence[SimJob], rng: ra
 
 
 @dataclass(frozen=True)
-class Injection:
+class FeedInjection:
     """A fault the feed injected: what, where, when (cluster seconds and the wall clock), and what vigil should say."""
 
     fault: Fault
@@ -227,7 +227,7 @@ class Feed:
         self.sample_s = max(SAMPLE_INTERVAL_S / speed, MIN_SAMPLE_S)
         self.sim: ClusterSimulator | None = None
         self.start: float | None = None
-        self.injections: list[Injection] = []
+        self.injections: list[FeedInjection] = []
         self.published = 0
 
     def warnings(self) -> list[str]:
@@ -265,7 +265,7 @@ class Feed:
         assert self.start is not None
         return self.start + self.duration_s / self.speed
 
-    def step(self, now: float, publish: Callable[[list[Envelope]], None], stop: bool = False) -> list[Injection]:
+    def step(self, now: float, publish: Callable[[list[Envelope]], None], stop: bool = False) -> list[FeedInjection]:
         """Publish what is due by ``now``; return the faults injected since the last call.
 
         At the end of the run, or with ``stop`` (interrupted), the cluster
@@ -281,7 +281,7 @@ class Feed:
         for cluster_fault, fault in zip(self.faults, self.sim.faults):
             if fault.injected_at is not None and all(i.fault is not cluster_fault for i in self.injections):
                 kinds, severity = cluster_fault.expected_alert
-                inj = Injection(cluster_fault, self.cluster_time(fault.injected_at), fault.injected_at, kinds,
+                inj = FeedInjection(cluster_fault, self.cluster_time(fault.injected_at), fault.injected_at, kinds,
                                 severity)
                 self.injections.append(inj)
                 new.append(inj)

@@ -40,7 +40,8 @@ relative change of the expected iteration time at the onset given what else is
 going on, which can differ from the nominal severity), the ground truth records
 both.
 
-Everything is driven by one seed; only numpy and the standard library are used.
+Everything is driven by one seed; only numpy and the standard library are used (and the
+schema's GPUS_PER_NODE).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from vigil.schemas import GPUS_PER_NODE
 
 __all__ = ["InjectedFailSlow", "IterationTrace", "generate_trace", "generate_traces"]
 
@@ -172,7 +175,7 @@ def generate_trace(seed: int, *, faulty: bool | None = None, n_iterations: int |
             if cause == "computation":
                 location = f"gpu:{int(rng.integers(0, n_gpus))}"
             else:
-                nodes = max(2, n_gpus // 8)
+                nodes = max(2, n_gpus // GPUS_PER_NODE)
                 a = int(rng.integers(0, nodes))
                 b = int((a + rng.integers(1, nodes)) % nodes)
                 location = f"link:node{min(a, b)}-node{max(a, b)}"

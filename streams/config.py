@@ -17,6 +17,12 @@ if TYPE_CHECKING:
     from vigil.streams.engine.detection import EngineParams
 
 
+#: Every consumer group of vigil's (the workers', the actuators', notify's, the agent's): tansu (and
+#: Kafka) join a group in about half the session timeout, so 6 s gives ~3 s.
+SESSION_TIMEOUT_S = 6.0
+HEARTBEAT_INTERVAL_S = 1.0
+
+
 def _engine_defaults() -> "EngineParams":
     from vigil.streams.engine.detection import EngineParams  # the detectors load only where a worker runs
 
@@ -29,9 +35,8 @@ class StreamConfig:
     topic_prefix: str = "vigil"
     group_id: str = "vigil-detect"
     kafka_security: dict[str, Any] = field(default_factory=dict)
-    #: tansu (and Kafka) join a group in about half the session timeout: 6 s gives ~3 s.
-    session_timeout_s: float = 6.0
-    heartbeat_interval_s: float = 1.0
+    session_timeout_s: float = SESSION_TIMEOUT_S
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     #: How long a fetch may wait for data: the alert path's latency floor.
     fetch_max_wait_ms: int = 20
     #: How often timer-driven detectors are ticked.

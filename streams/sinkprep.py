@@ -13,7 +13,7 @@ raw bytes, refused events one by one). Nothing is dropped here.
 
 Example::
 
-    >>> from schemas import Heartbeat, Source, encode_batch, from_seconds
+    >>> from vigil.schemas import Heartbeat, Source, encode_batch, from_seconds
     >>> beats = [Heartbeat(event_time=from_seconds(i), source=Source(node="n1"), seq=i, interval_s=1.0)
     ...          for i in range(3)]
     >>> prepared = prepare([encode_batch(beats), b"not json", encode_batch(beats)],

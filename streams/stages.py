@@ -9,12 +9,16 @@ is the only place that does I/O.
   through the :class:`~vigil.streams.engine.detection.DetectionEngine`; it
   remembers which subjects each partition carried, to forget them when the
   partition moves to another worker.
-* :class:`CorrelateStage` — findings to alerts (the
-  :class:`~vigil.streams.engine.incidents.Correlator`), alerts to decisions
-  (the :class:`~vigil.streams.engine.decisions.DecisionEngine`), and the
-  action results and job/node states that feed the decisions back. It
-  never publishes an alert or decision id twice: those already on the topics
-  (learned on takeover) and those it published itself.
+* :class:`CorrelateStage` — findings to alerts, one incident per root cause
+  (the :class:`~vigil.streams.engine.incidents.Correlator`), job ends that
+  resolve their incidents, and the runs left to be continued (the
+  :class:`~vigil.detectors.chain.RunChain`).
+* :class:`DecideStage` — alerts to decisions (the
+  :class:`~vigil.streams.engine.decisions.DecisionEngine`), with the action
+  results and job/node states that feed the decisions back.
+* :class:`AlertFlow` — the two in a row: each alert is decided on as it is
+  made, and no alert or decision id is published twice (those already on
+  the topics, learned on takeover, and those published here).
 
 In *replay* (a takeover rebuilding state from the log) the stages update
 their state and publish nothing: the previous owner published it then.
@@ -41,7 +45,7 @@ from vigil.streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CorrelateStage", "DetectStage", "Place"]
+__all__ = ["AlertFlow", "CorrelateStage", "DecideStage", "DetectStage", "Place"]
 
 
 @dataclass(frozen=True)
@@ -149,16 +153,71 @@ class DetectStage:
 
 
 class CorrelateStage:
-    """Findings in; alerts and decisions out; action results and states fed back (see the module docstring)."""
+    """Findings in, alerts out (see the module docstring).
 
-    def __init__(self, correlator: Correlator, decider: DecisionEngine | None, memory: int = 100_000,
-                 chain: RunChain | None = None) -> None:
+    State: the :class:`~vigil.streams.engine.incidents.Correlator` (open incidents) and the
+    :class:`~vigil.detectors.chain.RunChain` (runs whose chain of jobs must go on: it sees every job
+    state, as this stage does).
+    """
+
+    def __init__(self, correlator: Correlator, chain: RunChain | None = None) -> None:
         self.correlator = correlator
-        self.decider = decider
-        #: runs whose chain of jobs must go on (it sees every job state, as this stage does)
         self.chain = chain if chain is not None else RunChain()
+
+    def on_finding(self, finding: DetectorFinding, now: float) -> list[Alert]:
+        return self.correlator.on_finding(finding, now)
+
+    def on_job_state(self, event: JobState, now: float) -> list[Alert]:
+        self.chain.observe(event, now)
+        if event.state in JOB_ENDED and event.source.job:
+            # a job that ended takes its incidents with it (their cause, the job, is gone)
+            return self.correlator.job_ended(event.source.job, to_seconds(event.event_time), event.state)
+        return []
+
+    def chain_findings(self, now: float) -> list[DetectorFinding]:
+        """Runs left to be continued that nothing continued (and those that went on again)."""
+        return [detector_finding(status, f.kind, f.severity, Subject(run=run), f.onset, "run_chain", "1",
+                                 f.evidence, self.chain.cluster_of(run), [], f.detected_at if status == "raised"
+                                 else now, [], None) for status, run, f in self.chain.tick(now)]
+
+    def tick(self, now: float) -> list[Alert]:
+        return self.correlator.tick(now)
+
+
+class DecideStage:
+    """Alerts in; decisions (and the alerts that call a human) out; action results and job/node
+    states fed back. State: the :class:`~vigil.streams.engine.decisions.DecisionEngine`."""
+
+    def __init__(self, decider: DecisionEngine) -> None:
+        self.decider = decider
+
+    def on_alert(self, alert: Alert, now: float) -> list[Envelope]:
+        return self.decider.on_alert(alert, now)
+
+    def on_feedback(self, event: Envelope, now: float) -> list[Envelope]:
+        if isinstance(event, ActionResult):
+            return self.decider.on_action_result(event, now)
+        if isinstance(event, (JobState, NodeState)):
+            return self.decider.on_state(event, now)
+        return []
+
+    def tick(self, now: float) -> list[Envelope]:
+        return self.decider.tick(now)
+
+
+class AlertFlow:
+    """Correlate, then decide on each alert as it is made; each alert and decision published once.
+
+    State: ``published``, the ids already on the alert and decision topics (learned on takeover) or
+    published here. An alert already on its topic is neither published nor decided on again (its
+    decisions were made then); the alerts the decide stage raises go through the same door. In
+    replay, alerts are decided on (the decision engine's state) and nothing is published.
+    """
+
+    def __init__(self, correlate: CorrelateStage, decide: DecideStage | None, memory: int = 100_000) -> None:
+        self.correlate = correlate
+        self.decide = decide
         self.memory = memory
-        #: ids already on the alert and decision topics, or published by this stage
         self.published: OrderedDict[uuid.UUID, None] = OrderedDict()
 
     def learn_published(self, events: list[Envelope]) -> None:
@@ -175,7 +234,7 @@ class CorrelateStage:
     def on_findings(self, findings: list[DetectorFinding], now: float, replay: bool = False) -> list[Envelope]:
         out: list[Envelope] = []
         for f in findings:
-            for alert in self.correlator.on_finding(f, now):
+            for alert in self.correlate.on_finding(f, now):
                 out += self._alert(alert, now, replay)
         return out
 
@@ -183,51 +242,39 @@ class CorrelateStage:
         """An action result or a job/node state; what it decides is published only when ``live``."""
         out: list[Envelope] = []
         if isinstance(event, JobState):
-            self.chain.observe(event, now)
-        if isinstance(event, JobState) and event.state in JOB_ENDED and event.source.job:
-            # a job that ended takes its incidents with it (their cause, the job, is gone)
-            for alert in self.correlator.job_ended(event.source.job, to_seconds(event.event_time), event.state):
+            for alert in self.correlate.on_job_state(event, now):
                 out += self._alert(alert, now, replay=not live)
-        if self.decider is None:
-            return out
-        if isinstance(event, ActionResult):
-            decided = self.decider.on_action_result(event, now)
-        elif isinstance(event, (JobState, NodeState)):
-            decided = self.decider.on_state(event, now)
-        else:
-            return out
-        return out + self._decided(decided, now, replay=not live)
+        if self.decide is not None:
+            out += self._decided(self.decide.on_feedback(event, now), now, replay=not live)
+        return out
 
     def tick(self, now: float) -> list[Envelope]:
         out: list[Envelope] = []
-        chain = [detector_finding(status, f.kind, f.severity, Subject(run=run), f.onset, "run_chain", "1",
-                                  f.evidence, self.chain.cluster_of(run), [], f.detected_at if status == "raised"
-                                  else now, [], None) for status, run, f in self.chain.tick(now)]
+        chain = self.correlate.chain_findings(now)
         if chain:  # on the findings topic for the history too (read back, they are known by id)
             out += chain + self.on_findings(chain, now)
-        for alert in self.correlator.tick(now):
+        for alert in self.correlate.tick(now):
             out += self._alert(alert, now, replay=False)
-        if self.decider is not None:
-            out += self._decided(self.decider.tick(now), now, replay=False)
+        if self.decide is not None:
+            out += self._decided(self.decide.tick(now), now, replay=False)
         return out
 
     def _alert(self, alert: Alert, now: float, replay: bool) -> list[Envelope]:
-        """The alert, then what the decision engine makes of it; an alert already on the topic is
-        neither published nor decided on again (its decisions were made then)."""
+        """The alert, then what the decide stage makes of it."""
         if replay:
-            if self.decider is not None:
-                self._decided(self.decider.on_alert(alert, now), now, replay=True)
+            if self.decide is not None:
+                self._decided(self.decide.on_alert(alert, now), now, replay=True)
             return []
         if alert.event_id in self.published:
             return []
         self._mark(alert.event_id)
         out: list[Envelope] = [alert]
-        if self.decider is not None:
-            out += self._decided(self.decider.on_alert(alert, now), now, replay=False)
+        if self.decide is not None:
+            out += self._decided(self.decide.on_alert(alert, now), now, replay=False)
         return out
 
     def _decided(self, events: list[Envelope], now: float, replay: bool) -> list[Envelope]:
-        """Decisions (each published once) and the alerts the decision engine raises (a human called)."""
+        """Decisions (each published once) and the alerts the decide stage raises (a human called)."""
         out: list[Envelope] = []
         for ev in events:
             if isinstance(ev, Alert):

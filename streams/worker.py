@@ -1,8 +1,13 @@
 """The detection worker: telemetry -> findings -> incidents -> alerts -> decisions.
 
-One process of the detection group; its stages (:mod:`vigil.streams.stages`)
-hold the state, this module moves the bytes. Three Kafka clients, one per
-concern, all librdkafka (confluent-kafka):
+One process of the detection group; three small agents
+(:mod:`vigil.streams.stages`) hold the state, this module moves the bytes:
+``detect`` (telemetry -> findings, on every worker, for the partitions it
+owns), ``correlate`` (findings -> alerts) and ``decide`` (alerts -> decisions,
+fed back action results and job/node states), the last two joined by an
+:class:`~vigil.streams.stages.AlertFlow` that publishes each alert and decision
+once, on the one worker that owns the findings partition. Three Kafka
+clients, one per concern, all librdkafka (confluent-kafka):
 
 * **the group consumer** reads the telemetry topics (partitioned by job or by
   node and shared by the group) and the findings topic (one partition, so
@@ -48,7 +53,7 @@ from vigil.streams.engine.planning import replan
 from vigil.streams.plugins import load_plugins
 from vigil.streams.kafka import rewind_shrunk
 from vigil.streams.recovery import window_starts
-from vigil.streams.stages import CorrelateStage, DetectStage, Place, key_of_topics
+from vigil.streams.stages import AlertFlow, CorrelateStage, DecideStage, DetectStage, Place, key_of_topics
 
 log = logging.getLogger(__name__)
 
@@ -223,7 +228,9 @@ class Worker:
         decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
                                  replan=replan if config.replan else None) if config.decide else None
         self.detect = DetectStage(DetectionEngine(params), key_of_topics(config, TELEMETRY))
-        self.correlate = CorrelateStage(correlator, decider, chain=RunChain(**config.chain))
+        self.correlate = CorrelateStage(correlator, chain=RunChain(**config.chain))
+        self.decide = DecideStage(decider) if decider is not None else None
+        self.flow = AlertFlow(self.correlate, self.decide)
         self.findings_topic = config.topic("finding")
         self.findings_tp = (self.findings_topic, 0)
         self._urgent = frozenset([config.topic(t) for t in URGENT] + [self.findings_topic])
@@ -295,7 +302,7 @@ class Worker:
         if topic == self.findings_topic:
             found = [f for f in decode(msg.value()).events if isinstance(f, DetectorFinding)]
             # a replayed finding is judged at the time it was written (holds, escalation windows)
-            self._publish(self.correlate.on_findings(found, place.timestamp or now if replay else now, replay=replay))
+            self._publish(self.flow.on_findings(found, place.timestamp or now if replay else now, replay=replay))
         else:
             out = self.detect.on_message(place, msg.value(), now, replay=replay)
             records = out.records
@@ -319,7 +326,7 @@ class Worker:
         back from the topic later and are recognised by id)."""
         self._publish(findings)
         if self.owns_correlation and self.findings_tp not in self._replay_until and findings:
-            self._publish(self.correlate.on_findings(findings, now))
+            self._publish(self.flow.on_findings(findings, now))
 
     def _publish(self, events: list[Envelope]) -> None:
         for ev in events:
@@ -355,7 +362,7 @@ class Worker:
             return
         for ev, live in self._broadcast.poll():
             if isinstance(ev, (Alert, Decision)):
-                self.correlate.learn_published([ev])
+                self.flow.learn_published([ev])
             else:
                 if isinstance(ev, (JobState, NodeState)):  # every worker: its jobs and nodes may be among them
                     self._found(self.detect.on_lifecycle(ev, now), now)
@@ -363,10 +370,10 @@ class Worker:
         if self.owns_correlation and not self._broadcast.caught_up:
             return  # what was published before it started must be known before it publishes
         for ev, live in self._heard_back:  # only the correlating worker acts on it; the others keep the state
-            self._publish(self.correlate.on_feedback(ev, now, live and self.owns_correlation))
+            self._publish(self.flow.on_feedback(ev, now, live and self.owns_correlation))
         self._heard_back = []
         if self.owns_correlation:
-            self._publish(self.correlate.tick(now))
+            self._publish(self.flow.tick(now))
 
     def _commit(self, sync: bool = False) -> None:
         if not self._processed:

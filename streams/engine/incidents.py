@@ -42,6 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.schemas import Alert, DetectorFinding, Slowdown, Source, Subject, from_seconds, to_seconds
+from vigil.schemas.evidence import (
+    ChainBrokenEvidence, CollectiveStuckEvidence, FailSlowEvidence, NodesSilentEvidence, SilenceEvidence, XidEvidence,
+)
 
 _INCIDENT_NS = uuid.UUID("0b6c1a52-8f0e-4a43-9d4b-6b8f3e1f2a90")
 MAX_EVIDENCE = 100
@@ -149,25 +152,29 @@ def _silence_root(f: DetectorFinding, nodes: list[str], onset: float) -> Detecto
 
 def _summary(f: DetectorFinding) -> str:
     subject = " ".join(f"{k}={v}" for k, v in f.subject.model_dump(exclude_none=True).items())
-    ev = f.evidence
+    ev = f.facts  # the evidence's typed view for the kind (vigil.schemas.evidence)
     detail = ""
-    if f.kind == "node_lost":
-        detail = f": no heartbeat for {ev.get('silence_s', 0):.1f} s"
-    elif f.kind == "task_hang":
-        detail = f": no iteration for {ev.get('silence_s', 0):.1f} s (timeout {ev.get('timeout_s', 0):.2f} s)"
-    elif f.kind == "fail_slow":
-        detail = f": iteration time {100 * ev.get('rel_change', 0):+.0f}% ({ev.get('slowdown_class', 'unclassified')})"
-    elif f.kind == "xid":
-        detail = f": XID {ev.get('code')} {ev.get('mnemonic', '')} -> {ev.get('action', '')}"
-    elif f.kind == COLLECTIVE_STUCK:
-        return f"{f.kind} {subject}: {ev.get('summary', '')}"[:1000]
-    elif f.kind == "chain_broken":
-        return f"{f.kind} {subject}: {ev.get('why', '')}"[:1000]
-    elif f.kind == NODES_SILENT:
-        nodes = ev.get("nodes") or []
+    if isinstance(ev, SilenceEvidence) and f.kind == "node_lost":
+        detail = f": no heartbeat for {_num(ev.silence_s):.1f} s"
+    elif isinstance(ev, SilenceEvidence):
+        detail = f": no iteration for {_num(ev.silence_s):.1f} s (timeout {_num(ev.timeout_s):.2f} s)"
+    elif isinstance(ev, FailSlowEvidence):
+        detail = f": iteration time {100 * _num(ev.rel_change):+.0f}% ({ev.slowdown_class or 'unclassified'})"
+    elif isinstance(ev, XidEvidence):
+        detail = f": XID {ev.code} {ev.mnemonic or ''} -> {ev.action or ''}"
+    elif isinstance(ev, CollectiveStuckEvidence):
+        return f"{f.kind} {subject}: {ev.summary or ''}"[:1000]
+    elif isinstance(ev, ChainBrokenEvidence):
+        return f"{f.kind} {subject}: {ev.why or ''}"[:1000]
+    elif isinstance(ev, NodesSilentEvidence):
+        nodes = ev.nodes
         return f"{len(nodes)} nodes went silent together ({', '.join(nodes[:8])}{'...' if len(nodes) > 8 else ''}): " \
-               f"likely a shared cause, {ev.get('likely_cause', '')}"
+               f"likely a shared cause, {ev.likely_cause or ''}"
     return f"{f.kind} {subject}{detail}"
+
+
+def _num(x: float | None) -> float:
+    return 0.0 if x is None else x
 
 
 class Correlator:
@@ -350,8 +357,8 @@ class Correlator:
         nodes = {n for inc in near for n in self._silent_nodes(inc)} | {m.subject.node for m in held.values()} \
             | {f.subject.node}
         if len(nodes) < self.silence_group:
-            peers = f.evidence.get("silent_peers")
-            if not near and not (isinstance(peers, list) and len(peers) + 1 >= self.silence_group):
+            peers = f.facts.silent_peers if isinstance(f.facts, SilenceEvidence) else []
+            if not near and len(peers) + 1 < self.silence_group:
                 return None
             # Other nodes are silent right now: hold this one back a moment, so that a shared silence
             # becomes one incident and not one page per node.

@@ -45,7 +45,7 @@ def replan(jobs: Mapping[str, JobState], healthy_nodes: set[str], d_running: flo
     ``d_running``: how long the plan is expected to run; ``d_transition``:
     what a job pays to change size (checkpoint, restart, warm-up).
 
-    >>> from schemas import JobState, Source, from_seconds
+    >>> from vigil.schemas import JobState, Source, from_seconds
     >>> t = from_seconds(0)
     >>> a = JobState(event_time=t, source=Source(job="a"), state="running", nodes=["n1", "n2"], gpus=16, weight=2.0)
     >>> b = JobState(event_time=t, source=Source(job="b"), state="pending", gpus=16, weight=1.0, min_gpus=16)

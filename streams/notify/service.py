@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vigil.schemas import Alert, Envelope, encode, topic_name
+from vigil.streams.config import HEARTBEAT_INTERVAL_S, SESSION_TIMEOUT_S
 from vigil.streams.notify.notifier import Notifier, Stopped, Where
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ __all__ = ["NotifyService"]
 class NotifyService:
     def __init__(self, notifier: Notifier, kafka_conf: dict[str, Any], prefix: str, *, group_id: str,
                  ready_file: Path | None = None, batch_size: int = 50, poll_timeout_s: float = 0.2,
-                 session_timeout_s: float = 6.0, heartbeat_interval_s: float = 1.0,
+                 session_timeout_s: float = SESSION_TIMEOUT_S, heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
                  refresh_every_s: float = 1.0) -> None:
         from confluent_kafka import Consumer, Producer
 

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from vigil.bench.fuzz import BAD, Expect, Generator, Message, account
+from vigil.bench.fuzz import BAD, Expect, FuzzMessage, Generator, account
 from vigil.schemas import topic_name
 from vigil.streams.sink import HistorySink
 from tests.integration.conftest import wait_for
@@ -31,14 +31,14 @@ json_values = st.recursive(
     max_leaves=12)
 
 
-def from_hypothesis(value: bytes | None, topic_type: str) -> Message:
+def from_hypothesis(value: bytes | None, topic_type: str) -> FuzzMessage:
     """Arbitrary bytes or JSON: never an event; each item of a non-empty array is a dead letter, else one."""
     try:
         parsed = json.loads(value) if value is not None else None
         bad = len(parsed) if isinstance(parsed, list) and parsed else 1
     except (ValueError, RecursionError):
         bad = 1
-    return Message(topic_type, b"h", value, [Expect(BAD)] * bad, "hypothesis")
+    return FuzzMessage(topic_type, b"h", value, [Expect(BAD)] * bad, "hypothesis")
 
 
 message_plans = st.lists(
@@ -56,7 +56,7 @@ message_plans = st.lists(
                                                         "decision", "dead_letter"]))
 def test_every_message_ends_stored_once_or_dead_lettered_once(config, worker, history, plans, topic_type):
     producer = Producer({**config.kafka_conf(), "message.max.bytes": 8 << 20})
-    messages: list[Message] = []
+    messages: list[FuzzMessage] = []
     for kind, arg in plans:
         if kind == "bytes":
             m = from_hypothesis(arg, topic_type)
@@ -67,7 +67,7 @@ def test_every_message_ends_stored_once_or_dead_lettered_once(config, worker, hi
             m = {"good": gen.good, "malformed": gen.malformed, "mixed": gen.mixed_batch}[kind]()
         messages.append(m)
 
-    def landed(m: Message):
+    def landed(m: FuzzMessage):
         def cb(err, msg):
             assert err is None, err
             m.partition, m.offset = msg.partition(), msg.offset()

@@ -20,7 +20,7 @@ from vigil.streams.config import StreamConfig
 from vigil.streams.engine.detection import DetectionEngine, EngineParams
 from vigil.streams.engine.incidents import Correlator
 from vigil.streams.kafka import dead_letter, refused_event
-from vigil.streams.stages import CorrelateStage, DetectStage, Place, key_of_topics
+from vigil.streams.stages import AlertFlow, CorrelateStage, DetectStage, Place, key_of_topics
 from vigil.streams.worker import TELEMETRY
 
 T0 = 1_780_000_000.0
@@ -68,18 +68,18 @@ def test_every_component_has_its_own_registry_so_several_in_one_process_do_not_c
                                                      for suffix in ("_bucket", "_count", "_sum")), name
 
 
-def _stages() -> tuple[DetectStage, CorrelateStage, StreamConfig, m.DetectorTimer]:
+def _stages() -> tuple[DetectStage, AlertFlow, StreamConfig, m.DetectorTimer]:
     cfg = StreamConfig(bootstrap="unused:9092", topic_prefix="t")
     timer = m.DetectorTimer(every=2)
     return (DetectStage(DetectionEngine(EngineParams(instrument=timer)), key_of_topics(cfg, TELEMETRY)),
-            CorrelateStage(Correlator(), None), cfg, timer)
+            AlertFlow(CorrelateStage(Correlator()), None), cfg, timer)
 
 
 def test_worker_metrics_count_events_findings_alerts_and_dead_letters_from_known_input():
     metrics = m.WorkerMetrics()
-    detect, correlate, cfg, _ = _stages()
+    detect, flow, cfg, _ = _stages()
     metrics.detectors = detect.engine.params.instrument
-    worker = SimpleNamespace(detect=detect, correlate=correlate, owned={("x", 0), ("y", 1)}, _replay_until={},
+    worker = SimpleNamespace(detect=detect, correlate=flow.correlate, owned={("x", 0), ("y", 1)}, _replay_until={},
                              owns_correlation=True, _consumer=None, metrics=None)
     metrics.watch(worker)
     assert worker.metrics is metrics.counters
@@ -94,7 +94,7 @@ def test_worker_metrics_count_events_findings_alerts_and_dead_letters_from_known
     xid = XidError(event_time=from_seconds(now), source=Source(cluster="c", node="n1", gpu=0), code=79)
     out = detect.on_message(Place(xid_topic, 0, 0), encode(xid), now)
     assert out.findings, "an XID 79 raises a finding"
-    published += out.findings + out.dead_letters + correlate.on_findings(out.findings, now)
+    published += out.findings + out.dead_letters + flow.on_findings(out.findings, now)
     out = detect.on_message(Place(hb_topic, 0, 7), b"{not json", now)
     published += out.dead_letters
     published.append(refused_event(heartbeat("n9", now), "a detector refused it", hb_topic, 0, 8))

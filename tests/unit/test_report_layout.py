@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from vigil.report import MAX_TICKS, Incident, time_ticks, timeline_rows
+from vigil.report import MAX_TICKS, IncidentRow, time_ticks, timeline_rows
 
 T = datetime(2026, 3, 2, 23, 58, 41, 500000, tzinfo=timezone.utc)
 
@@ -36,7 +36,7 @@ def test_a_demo_length_span_shows_seconds_not_one_minute_repeated():
 
 def _inc(subject, onset, resolved, severity=1, kind="node_lost"):
     at = lambda s: T + timedelta(seconds=s)  # noqa: E731
-    return Incident(at(onset), None if resolved is None else at(resolved), kind, severity, subject, None, subject)
+    return IncidentRow(at(onset), None if resolved is None else at(resolved), kind, severity, subject, None, subject)
 
 
 def test_one_labelled_row_per_subject_and_a_further_one_only_for_overlapping_bars():

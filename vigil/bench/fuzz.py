@@ -72,7 +72,7 @@ def derived_id(obj: dict[str, Any]) -> str:
     body = {k: v for k, v in obj.items() if k != "event_id"}
     return str(uuid.uuid5(_CONTENT_NS, json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)))
 
-__all__ = ["Expect", "Message", "Generator", "account", "run"]
+__all__ = ["Expect", "FuzzMessage", "Generator", "account", "run"]
 
 GOOD, BAD = "good", "bad"
 
@@ -87,7 +87,7 @@ class Expect:
 
 
 @dataclass
-class Message:
+class FuzzMessage:
     topic_type: str  # the event type whose topic it goes to (its topic: topics.TOPICS)
     key: bytes
     value: bytes | None
@@ -112,7 +112,7 @@ class Generator:
     def __init__(self, seed: int = 0, now: datetime | None = None) -> None:
         self.rng = random.Random(seed)
         self.now = now or datetime.now(timezone.utc)
-        self.sent: list[Message] = []
+        self.sent: list[FuzzMessage] = []
 
     # -- good events -----------------------------------------------------------------------------
 
@@ -197,7 +197,7 @@ class Generator:
 
     # -- messages --------------------------------------------------------------------------------
 
-    def good(self) -> Message:
+    def good(self) -> FuzzMessage:
         r = self.rng.random()
         if r < 0.55:
             ev = self.event(edge=self.rng.random() < 0.15)
@@ -207,26 +207,26 @@ class Generator:
         if r < 0.85:
             et = self.rng.choice(["heartbeat", "gpu_telemetry", "iteration_step", "xid", "iteration"])
             evs = [self.event(et) for _ in range(self.rng.randrange(2, 30))]
-            return Message(et, b"batch", json.dumps(evs).encode(), [self._expect(e) for e in evs], "good batch")
+            return FuzzMessage(et, b"batch", json.dumps(evs).encode(), [self._expect(e) for e in evs], "good batch")
         if r < 0.93:
             evs = [self.event(t) for t in ("heartbeat", "gpu_telemetry", "nic_counters", "gpu_telemetry")]
-            return Message("node_samples", b"node", json.dumps(evs).encode(), [self._expect(e) for e in evs],
+            return FuzzMessage("node_samples", b"node", json.dumps(evs).encode(), [self._expect(e) for e in evs],
                            "node samples")
         if self.sent:  # a message sent again (a producer retry, a replay): the same events, stored once
             prev = self.rng.choice([m for m in self.sent[-200:] if not m.malformed] or self.sent[-1:])
             if not prev.malformed:
-                return Message(prev.topic_type, prev.key, prev.value, list(prev.items), "sent again")
+                return FuzzMessage(prev.topic_type, prev.key, prev.value, list(prev.items), "sent again")
         return self._single(self.event(), "good")
 
     def _expect(self, ev: dict[str, Any]) -> Expect:
         eid = ev.get("event_id") or derived_id(ev)
         return Expect(GOOD, TABLE_SPECS[ev["event_type"]].table, eid)
 
-    def _single(self, ev: dict[str, Any], label: str) -> Message:
-        return Message(ev["event_type"], b"k", json.dumps(ev, ensure_ascii=self.rng.random() < 0.5).encode(),
+    def _single(self, ev: dict[str, Any], label: str) -> FuzzMessage:
+        return FuzzMessage(ev["event_type"], b"k", json.dumps(ev, ensure_ascii=self.rng.random() < 0.5).encode(),
                        [self._expect(ev)], label)
 
-    def malformed(self) -> Message:
+    def malformed(self) -> FuzzMessage:
         kind = self.rng.choice(_BAD_KINDS)
         bad = [Expect(BAD)] * (3 if kind == "not_an_object_item" else 1)
         topic = self.rng.choice(_GOOD_TYPES + ["node_samples", "dead_letter", "decision", "finding"])
@@ -254,7 +254,7 @@ class Generator:
         else:
             ev = self._break(ev, kind)
             value = json.dumps(ev, allow_nan=True).encode() if not isinstance(ev, bytes) else ev
-        return Message(topic if topic != "node_samples" else "node_samples", b"bad", value, bad, kind)
+        return FuzzMessage(topic if topic != "node_samples" else "node_samples", b"bad", value, bad, kind)
 
     def _break(self, ev: dict[str, Any], kind: str) -> Any:
         src = ev.setdefault("source", {})
@@ -311,7 +311,7 @@ class Generator:
             return json.dumps([1, "two", None]).encode()
         return ev
 
-    def mixed_batch(self) -> Message:
+    def mixed_batch(self) -> FuzzMessage:
         """Good and bad items in one array, one event type (its topic's)."""
         et = self.rng.choice(["heartbeat", "gpu_telemetry", "xid"])
         items, expects = [], []
@@ -327,9 +327,9 @@ class Generator:
         if all(e.kind == GOOD for e in expects):  # at least one bad item
             items.append({"event_type": et, "version": 1})
             expects.append(Expect(BAD))
-        return Message(et, b"mixed", json.dumps(items).encode(), expects, "mixed batch")
+        return FuzzMessage(et, b"mixed", json.dumps(items).encode(), expects, "mixed batch")
 
-    def message(self, malformed_share: float) -> Message:
+    def message(self, malformed_share: float) -> FuzzMessage:
         r = self.rng.random()
         if r < malformed_share * 0.7:
             m = self.malformed()
@@ -362,7 +362,7 @@ _BAD_KINDS = [k for k in _BAD_KINDS for _ in range(1 if k == "huge" else 6)]
 # -- accounting ------------------------------------------------------------------------------------------
 
 
-def account(query: Callable[[str], list[tuple]], database: str, messages: list[Message],
+def account(query: Callable[[str], list[tuple]], database: str, messages: list[FuzzMessage],
             prefix: str) -> dict[str, Any]:
     """The verdict on ``messages`` (produced, with their partition and offset) from the history."""
     stored: dict[str, int] = {}
@@ -466,10 +466,10 @@ def _run(messages: int, malformed: float, seed: int, settle_s: float,
             gen = Generator(seed)
             producer = Producer({"bootstrap.servers": stack.bootstrap, "message.max.bytes": 8 << 20,
                                  "linger.ms": 5, "queue.buffering.max.kbytes": 1 << 20, "log_level": 3})
-            produced: list[Message] = []
+            produced: list[FuzzMessage] = []
             failed: list[str] = []
 
-            def delivered(m: Message):
+            def delivered(m: FuzzMessage):
                 def cb(err, msg) -> None:
                     if err is not None:
                         failed.append(f"{m.label}: {err}")
@@ -549,7 +549,7 @@ def _run(messages: int, malformed: float, seed: int, settle_s: float,
     return result
 
 
-def _by_kind(messages: list[Message]) -> dict[str, int]:
+def _by_kind(messages: list[FuzzMessage]) -> dict[str, int]:
     out: dict[str, int] = {}
     for m in messages:
         out[m.label] = out.get(m.label, 0) + 1

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from vigil.bench.command import reproducing_command
 from vigil.bench.machine import measured
+from vigil.schemas import GPUS_PER_NODE
 
 TARGET_ROWS_PER_S = 100_000
 TARGET_QUERY_S = 1.0
@@ -93,7 +94,7 @@ def sink_rate(store: Any, n: int, workdir: Path, say: Callable[[str], Any]) -> d
     store.migrate()
     say(f"sink: publishing {n:,} GPU samples")
     t0 = time.time()
-    events = [GpuTelemetry(event_time=from_seconds(t0 + i * 1e-4), source=Source(node=f"n{i % 512:04d}", gpu=i % 8),
+    events = [GpuTelemetry(event_time=from_seconds(t0 + i * 1e-4), source=Source(node=f"n{i % 512:04d}", gpu=i % GPUS_PER_NODE),
                            utilization_pct=90.0, temperature_c=60.0 + i % 20, sm_clock_mhz=1980.0, power_w=600.0,
                            memory_used_bytes=70 << 30, ecc_sbe=0, ecc_dbe=0) for i in range(n)]
     broker = TansuBroker(find_tansu(None), log_path=workdir / "tansu.log").start()
@@ -160,13 +161,13 @@ def generate(store: Any, telemetry_rows: int, incidents: int, say: Callable[[str
         timings[name] = round(time.perf_counter() - t, 1)
 
     t0 = f"toDateTime64('{_T0}', 6, 'UTC')"
-    # GPU samples: every node's 8 GPUs sampled evenly over the span.
-    per_gpu = max(1, gpu_rows // (nodes * 8))
+    # GPU samples: every node's GPUs sampled evenly over the span.
+    per_gpu = max(1, gpu_rows // (nodes * GPUS_PER_NODE))
     timed(f"gpu_telemetry ({gpu_rows:,} rows)", f"""
         INSERT INTO {db}.gpu_telemetry (event_id, event_time, cluster, node, gpu, event_type, utilization_pct,
             temperature_c, sm_clock_mhz, power_w, ecc_sbe, ecc_dbe, nvlink_errors)
-        SELECT generateUUIDv4(number), {t0} + toIntervalMicrosecond(intDiv(number, {nodes * 8}) * {span * 1_000_000 // per_gpu}),
-            'bench', concat('n', leftPad(toString(number % {nodes}), 4, '0')), intDiv(number, {nodes}) % 8,
+        SELECT generateUUIDv4(number), {t0} + toIntervalMicrosecond(intDiv(number, {nodes * GPUS_PER_NODE}) * {span * 1_000_000 // per_gpu}),
+            'bench', concat('n', leftPad(toString(number % {nodes}), 4, '0')), intDiv(number, {nodes}) % {GPUS_PER_NODE},
             'gpu_telemetry', 90 + number % 10, 55 + number % 30, 1980 - number % 50, 600, 0, 0, '{{}}'
         FROM numbers({gpu_rows})""")
     per_node = max(1, hb_rows // nodes)
@@ -194,7 +195,7 @@ def generate(store: Any, telemetry_rows: int, incidents: int, say: Callable[[str
         SELECT generateUUIDv4(number), {t0} + toIntervalSecond(if(number < {jobs}, 0, {span})), 'bench',
             concat('job', toString(number % {jobs})), 'job_state', if(number < {jobs}, 'running', 'completed'),
             arrayMap(k -> concat('n', leftPad(toString(((number % {jobs}) * 4 + k) % {nodes}), 4, '0')), range(32)),
-            256, 32, 1, 8, 1, 0
+            {32 * GPUS_PER_NODE}, 32, 1, {GPUS_PER_NODE}, 1, 0
         FROM numbers({2 * jobs})""")
     # Incidents: kinds of every domain; node n0042 fails 20x as often (the lemon).
     kinds = ("node_lost", "xid", "xid", "process_exit", "task_hang", "nccl_timeout", "cuda_error", "software_error",

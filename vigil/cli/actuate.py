@@ -12,11 +12,14 @@ from typing import Any, List, Optional
 import typer
 
 from vigil.actuators.backends import ControlDirProcesses, KubernetesBackend, LocalBackend, SlurmBackend
+from vigil.actuators.backends.base import COMMAND_TIMEOUT_S
 from vigil.actuators.errors import ActuatorError
-from vigil.actuators.executor import Executor
+from vigil.actuators.executor import MAX_DECISION_AGE_S, Executor
+from vigil.actuators.inventory import Inventory
 from vigil.cli.common import app, metrics_host_option, metrics_port_option
 from vigil.schemas.envelope import to_seconds, utcnow
 from vigil.services.actuator import ActuatorService
+from vigil.settings import default_of
 
 _HELP = """Carry out decisions: consume <prefix>.decisions, act, publish results to <prefix>.actions.
 
@@ -73,7 +76,7 @@ def _limit(name: str) -> object:
     """A safety limit's default, from its one home (:class:`vigil.actuators.safety.SafetyLimits`)."""
     from vigil.actuators.safety import SafetyLimits
 
-    return SafetyLimits.__dataclass_fields__[name].default
+    return default_of(SafetyLimits, name)
 
 
 def _ledger_default(state_dir: Path) -> Path:
@@ -89,7 +92,7 @@ def actuate(
     job: Optional[List[str]] = typer.Option(None, "--job", help="A job the actuator may act on (repeatable)."),
     inventory: Optional[Path] = typer.Option(None, "--inventory", help='JSON file with "nodes" (a list of names or host ranges, e.g. gpu-[01-16]) and "jobs" (a list, or an object: job -> its nodes).'),
     inventory_source: Optional[str] = typer.Option(None, "--inventory-source", help="Also ask the scheduler for its nodes and jobs: slurm (scontrol show nodes, squeue) or kubernetes (the API, through kubectl)."),
-    inventory_refresh: float = typer.Option(60.0, min=1.0, help="Seconds between two questions to --inventory-source."),
+    inventory_refresh: float = typer.Option(default_of(Inventory, "refresh_s"), min=1.0, help="Seconds between two questions to --inventory-source."),
     filter_job: Optional[List[str]] = typer.Option(None, "--filter-job", help="Act only on decisions for this job (repeatable)."),
     max_drained_nodes: int = typer.Option(_limit("max_drained_nodes"), min=1, help="Circuit breaker: most nodes isolated per window."),
     max_drained_fraction: float = typer.Option(_limit("max_drained_fraction"), min=0.0, max=1.0, help="Circuit breaker: most fraction of the known cluster isolated per window (one node may always go)."),
@@ -97,8 +100,8 @@ def actuate(
     max_restarts_without_progress: int = typer.Option(_limit("max_restarts_without_progress"), min=1, help="No-progress guard: restarts of a job with no new training step before it stops restarting."),
     rate_limit: int = typer.Option(_limit("rate_limit"), min=1, help="Most actions per job per --rate-window."),
     rate_window: float = typer.Option(_limit("rate_window_s"), min=1.0, help="Rate-limit window, seconds."),
-    max_decision_age: float = typer.Option(600.0, min=0.0, help="Refuse decisions older than this many seconds (0: no limit)."),
-    command_timeout: float = typer.Option(60.0, min=0.1, help="A backend command that runs longer is killed: timed_out."),
+    max_decision_age: float = typer.Option(MAX_DECISION_AGE_S, min=0.0, help="Refuse decisions older than this many seconds (0: no limit)."),
+    command_timeout: float = typer.Option(COMMAND_TIMEOUT_S, min=0.1, help="A backend command that runs longer is killed: timed_out."),
     slurm_resubmit_script: Optional[Path] = typer.Option(None, help="Slurm: reconfigure resubmits this batch script (sbatch --dependency=afterany) instead of requeueing."),
     k8s_namespace: str = typer.Option("default", help="Kubernetes namespace of the training pods."),
     k8s_job_label: str = typer.Option("job-name", help="Kubernetes pod label whose value is the job id."),
@@ -113,7 +116,6 @@ def actuate(
     metrics_port: Optional[int] = metrics_port_option("actuator"),
     metrics_host: Optional[str] = metrics_host_option(),
 ) -> None:
-    from vigil.actuators.inventory import Inventory
     from vigil.actuators.ledger import Ledger
     from vigil.actuators.safety import Safety, SafetyLimits
     from vigil.schemas import Source

@@ -28,9 +28,10 @@ from typing import Any, Callable, Iterable
 
 from vigil.actuators.backends import LocalBackend
 from vigil.actuators.errors import ActionCancelled, ActuatorError
-from vigil.actuators.executor import Executor
+from vigil.actuators.executor import MAX_DECISION_AGE_S, Executor
 from vigil.schemas import Decision, Envelope, encode, message_key, topic_name
 from vigil.schemas.envelope import to_seconds, utcnow
+from vigil.streams.config import HEARTBEAT_INTERVAL_S, SESSION_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class ActuatorService:
     def __init__(self, executor: Executor, kafka_conf: dict[str, Any], prefix: str, *, group_id: str,
                  filter_jobs: Iterable[str] | None = None, clock: Callable[[], datetime] = utcnow,
                  ready_file: Path | None = None, batch_size: int = 100, poll_timeout_s: float = 0.2,
-                 session_timeout_s: float = 6.0, heartbeat_interval_s: float = 1.0,
+                 session_timeout_s: float = SESSION_TIMEOUT_S, heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S,
                  max_action_s: float = 900.0, after_decision: Callable[[Decision], None] | None = None) -> None:
         from confluent_kafka import Consumer, Producer
 
@@ -265,8 +266,8 @@ class AgentActuator:
     def __init__(self, supervisor: Any, *, job: str, node: str, cluster: str, kafka_conf: dict[str, Any], prefix: str,
                  ledger_path: Path, control_dir: str | os.PathLike | None = None, batcher: Any = None,
                  limits: Any = None, dry_run: bool = False, grace_s: float = 10.0, checkpoint_wait_s: float = 120.0,
-                 max_age_s: float | None = 600.0, group_id: str | None = None, session_timeout_s: float = 6.0,
-                 heartbeat_interval_s: float = 1.0, ready_file: Path | None = None,
+                 max_age_s: float | None = MAX_DECISION_AGE_S, group_id: str | None = None, session_timeout_s: float = SESSION_TIMEOUT_S,
+                 heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S, ready_file: Path | None = None,
                  on_give_up: Callable[[str], None] | None = None, backoff_s: float = 1.0,
                  backoff_max_s: float = 60.0, on_restart: Callable[[int, str], Any] | None = None,
                  keyring: Any = None) -> None:

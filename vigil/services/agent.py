@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from vigil.streams.config import HEARTBEAT_INTERVAL_S, SESSION_TIMEOUT_S
+
 log = logging.getLogger(__name__)
 
 __all__ = ["AgentOptions", "NodeAgent", "EXIT_GAVE_UP", "EXIT_SIGTERM", "EXIT_SIGINT", "first_host",
@@ -162,7 +164,7 @@ class NodeAgent:
     """The agent of one node (see the module docstring); :meth:`run` returns the exit code."""
 
     def __init__(self, opts: AgentOptions, kafka_conf: dict[str, Any], prefix: str, state_dir: Path,
-                 session_timeout_s: float = 6.0, heartbeat_interval_s: float = 1.0) -> None:
+                 session_timeout_s: float = SESSION_TIMEOUT_S, heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S) -> None:
         from vigil.producers.agent.lifecycle import Lifecycle
         from vigil.producers.publisher import Publisher
         from vigil.producers.training import NodeBatcher, default_hooks_socket

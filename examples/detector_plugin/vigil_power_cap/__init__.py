@@ -18,7 +18,7 @@ class PowerCap(Detector):
 
     Examples
     --------
-    >>> from schemas import GpuTelemetry, Source, from_seconds
+    >>> from vigil.schemas import GpuTelemetry, Source, from_seconds
     >>> det = PowerCap(cap_w=700, samples=2)
     >>> for t, w in enumerate([650, 720, 730]):
     ...     det.update(GpuTelemetry(event_time=from_seconds(t), source=Source(node="n1", gpu=3), power_w=w), t=t)
