@@ -544,7 +544,8 @@ def run(json_path: str | None, names: tuple[str, ...] | None = None, bootstrap: 
            "missed": sum(r["missed"] for r in results.values()), "wall_s": round(time.monotonic() - started, 1),
            "machine": {**machine_info(), "load_before": [round(x, 2) for x in load_before],
                        "load_after": [round(x, 2) for x in os.getloadavg()]},
-           "command": "vigil bench scenarios --json " + (json_path or "-")}
+           "command": "vigil bench scenarios" + "".join(f" --only {n}" for n in (names if len(names) < len(SCENARIOS) else ()))
+           + " --json " + (json_path or "-")}
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(out, indent=1) + "\n")
