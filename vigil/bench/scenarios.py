@@ -177,23 +177,42 @@ def checkpoint_pause(scene: Scene, rec: Recorder, v: Verdict) -> None:
 
 def rank_killed(scene: Scene, rec: Recorder, v: Verdict) -> None:
     agent = AgentProcess(scene, "n1", "victim", _spec(), actuate=True)
-    v.expected.update(alert="sev2 process_exit", within_s=0.5, decision="restart_process")
+    v.expected.update(alert="sev2 process_exit", within_s=0.5, decision="restart_process", restart_result="succeeded",
+                      restarted="every rank a new process, past the step it was killed at")
     v.pages_allowed, v.decisions_allowed = {"process_exit"}, {"restart_process"}
     wait_until(lambda: agent.step() >= 15, 90, rec.poll)
-    pid = agent.progress()[1][1]
+    before = agent.progress()
+    old_pids = {pid for _, pid in before.values()}
+    killed_at = max(step for step, _ in before.values())
     killed = time.time()
-    os.kill(pid, signal.SIGKILL)
+    os.kill(before[1][1], signal.SIGKILL)
     # the first alert naming the exit (a peer's broken connection may have opened the incident first)
     opened = lambda: [t for t, a in rec.alerts if a.kind == "process_exit" and a.subject.job == "victim"][:1]
     wait_until(lambda: bool(opened()), 20, rec.poll)
-    wait_until(lambda: any(d.action == "restart_process" for _, d in rec.decisions), 20, rec.poll)
-    wait_until(lambda: agent.step() >= 3 and "restarting" in _states(rec, "victim"), 60, rec.poll)
+    restarts = lambda: {d.decision_id for _, d in rec.decisions if d.action == "restart_process"
+                        and d.target.job == "victim"}
+    wait_until(lambda: bool(restarts()), 20, rec.poll)
+    results = lambda: [r for _, r in rec.actions if r.decision_id in restarts()]
+    succeeded = lambda: [r for r in results() if r.state == "succeeded"]
+    wait_until(lambda: bool(succeeded()) or any(r.state in ("failed", "timed_out", "cancelled") for r in results()),
+               60, rec.poll)
+
+    def restarted() -> bool:  # the ranks' own files: new processes, and they got past where the job was killed
+        now = agent.progress()
+        return len(now) == 2 and all(pid not in old_pids and step > killed_at for step, pid in now.values())
+    wait_until(restarted, 90, rec.poll)
+    after = agent.progress()
     agent.signal(signal.SIGTERM)
     wait_until(lambda: agent.proc.poll() is not None, 60, rec.poll)
     _settle(rec, 4)
     delay = opened()[0] - killed if opened() else None
     v.require("exit_alert_in_time", delay is not None and delay <= 0.5, None if delay is None else round(delay, 3))
-    v.require("restart", any(d.action == "restart_process" for _, d in rec.decisions))
+    v.require("restart", bool(restarts()))
+    v.require("restart_succeeded", bool(succeeded()), [f"{r.state}: {r.detail[:120]}" for r in results()])
+    v.require("restarted_ranks_progress", len(after) == 2 and all(pid not in old_pids and step > killed_at
+                                                                 for step, pid in after.values()),
+              {"killed_at_step": killed_at, "before": {r: list(x) for r, x in sorted(before.items())},
+               "after": {r: list(x) for r, x in sorted(after.items())}})
 
 
 def agent_killed(scene: Scene, rec: Recorder, v: Verdict) -> None:
