@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vigil.bench.scenario_harness import AgentProcess, Recorder, Scene, WorkerProcess, wait_until
-from vigil.schemas import NodeState, Source, encode, message_key, topic_name
+from vigil.schemas import GPUS_PER_NODE, Decision, JobState, NodeState, Source, encode, message_key, topic_name
 from vigil.schemas.envelope import utcnow
 
 __all__ = ["SCENARIOS", "FAST", "run", "run_scenario", "Verdict"]
@@ -267,21 +267,49 @@ def eight_silent(scene: Scene, rec: Recorder, v: Verdict) -> None:
 
 
 def repair_fails_health_check(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    """n9 comes back from repair and fails its check; the re-planner (on in this scene's worker) is what
+    shows the engine's healthy capacity: a job that wants two nodes gets the healthy n10 alone, and n9
+    once a later start of its agent passes."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": scene.bootstrap})
     repaired = NodeState(event_time=utcnow(), source=Source(node="n9"), state="repaired", reason="RMA returned")
-    p.produce(topic_name("node_state", scene.prefix), encode(repaired), key=message_key(repaired))
+    wants_two = JobState(event_time=utcnow(), source=Source(job="probe"), state="pending", gpus=2 * GPUS_PER_NODE,
+                         min_gpus=GPUS_PER_NODE, reason="queued: wants two nodes, runs on one")
+    for event in (repaired, wants_two):
+        p.produce(topic_name(event.event_type, scene.prefix), encode(event), key=message_key(event))
     p.flush(10)
     agent = AgentProcess(scene, "n9", None, extra=("--health-min-free-gb", "1000000"))  # a check it cannot pass
-    v.expected.update(node_state="unhealthy", reported="sev3 health_check_failed", capacity="out")
+    v.expected.update(node_state="unhealthy", reported="sev3 health_check_failed",
+                      capacity="out: the re-plan when healthy n10 joins gives job probe (two nodes wanted) n10 alone",
+                      back="a later start of n9 that passes: the re-plan gives probe n9 too")
+    v.decisions_allowed = {"replan"}
     wait_until(lambda: any(a.kind == "health_check_failed" for _, a in rec.alerts), 60, rec.poll)
-    _settle(rec, 3)
+
+    def replans(trigger: str | None = None) -> list[Decision]:
+        return [d for _, d in rec.decisions if d.action == "replan" and trigger in (None, d.plan.get("trigger"))]
+    healthy = AgentProcess(scene, "n10", None)
+    wait_until(lambda: bool(replans("node n10 joined")), 60, rec.poll)
     agent.signal(signal.SIGTERM)
     wait_until(lambda: agent.proc.poll() is not None, 30, rec.poll)
-    states = [s.state for _, s in rec.node_states("n9")]
-    v.require("unhealthy", "unhealthy" in states and "joined" not in states, states)
+    failed_states = [s.state for _, s in rec.node_states("n9")]
+    before = replans()
+    again = AgentProcess(scene, "n9", None)  # repaired for real this time: the check passes
+    wait_until(lambda: bool(replans("node n9 joined")), 60, rec.poll)
+    given = lambda ds: [d.plan.get("allocations", {}).get("probe") for d in ds]
+    v.require("unhealthy", "unhealthy" in failed_states and "joined" not in failed_states, failed_states)
     v.require("reported", any(a.kind == "health_check_failed" and a.severity == 3 for _, a in rec.alerts))
+    v.require("capacity_out", bool(replans("node n10 joined")) and all("n9" not in (a or []) for a in given(before))
+              and given(replans("node n10 joined"))[-1] == ["n10"],
+              {d.plan.get("trigger"): d.plan.get("allocations") for d in before})
+    v.require("back_after_passing", any("n9" in (a or []) for a in given(replans("node n9 joined"))),
+              [d.plan.get("allocations") for d in replans("node n9 joined")])
+    again.signal(signal.SIGTERM)
+    healthy.signal(signal.SIGTERM)
+    wait_until(lambda: again.proc.poll() is not None and healthy.proc.poll() is not None, 30, rec.poll)
+
+
+repair_fails_health_check.worker_env = {"VIGIL_REPLAN": "true"}  # type: ignore[attr-defined]
 
 
 def broker_down_20s(scene: Scene, rec: Recorder, v: Verdict) -> None:
