@@ -168,11 +168,21 @@ def warmup(scene: Scene, rec: Recorder, v: Verdict) -> None:
 
 
 def checkpoint_pause(scene: Scene, rec: Recorder, v: Verdict) -> None:
-    agent = AgentProcess(scene, "n1", "ckpt", _spec(steps=40, ckpt_every=8, ckpt_x=10.0), actuate=True)
-    v.expected.update(exit_code=0)
+    """Every 8 steps an unmarked ``torch.save`` taking 10 steps' time, as most training loops save."""
+    every, x, steps = 8, 10.0, 40
+    agent = AgentProcess(scene, "n1", "ckpt", _spec(steps=steps, ckpt_every=every, ckpt_x=x, ckpt_torch_save=True),
+                         actuate=True)
+    want = [s for s in range(1, steps) if s % every == 0]
+    v.expected.update(exit_code=0, saves=f"steps {want}, unmarked torch.save, each >= {x:g} x {STEP_S} s")
     wait_until(lambda: agent.proc.poll() is not None, 150, rec.poll)
     _settle(rec, 5)
+    saves = {}
+    for f in sorted((agent.dir / "progress").glob("saves*")):
+        saves[f.name] = [(int(a), float(b)) for a, b in (line.split() for line in f.read_text().splitlines())]
     v.require("exit_code", agent.proc.poll() == 0, agent.proc.poll())
+    v.require("saves_took_10_steps", len(saves) == 2 and all([s for s, _ in got] == want
+                                                               and min(t for _, t in got) >= x * STEP_S
+                                                               for got in saves.values()), saves)
 
 
 def rank_killed(scene: Scene, rec: Recorder, v: Verdict) -> None:
