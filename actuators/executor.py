@@ -27,7 +27,9 @@ time and returns the events to publish:
   opens the circuit and adds a sev1 ``actuator_circuit_open``
   :class:`~vigil.schemas.Alert`;
 * otherwise ``pending -> running`` (a ``running`` result) and the backend's
-  final state (``succeeded`` / ``failed`` / ``timed_out``, a second result).
+  final state (``succeeded`` / ``failed`` / ``timed_out``, a second result),
+  followed by a ``drained`` node state for each node the backend's drain or
+  cordon took out of service (even when a later command failed).
   A backend that raises is a ``failed`` result with the exception.
 
 ``notify_human`` and ``none`` run nothing: one ``succeeded`` result saying so.
@@ -58,7 +60,7 @@ from vigil.actuators.ledger import Ledger, LedgerRecord
 from vigil.actuators.plans import NAME_RE, NO_MACHINE_ACTIONS, Action, parse_action
 from vigil.actuators.safety import Safety
 from vigil.actuators.state import ActionState
-from vigil.schemas import ActionResult, Alert, Decision, Envelope, Source, Subject, to_seconds
+from vigil.schemas import ActionResult, Alert, Decision, Envelope, NodeState, Source, Subject, to_seconds
 from vigil.schemas.envelope import from_seconds
 from vigil.schemas.signing import Keyring
 
@@ -306,7 +308,22 @@ class Executor:
         (log.info if final.state is ActionState.succeeded else log.warning)(
             "decision %s (%s on %s): %s: %s", decision.decision_id, action, decision.target.job or decision.target.node,
             final.state.value, final.detail)
-        return [self._result(decision, final.state, final.detail, done)]
+        return [self._result(decision, final.state, final.detail, done),
+                *self._drained(decision.decision_id, action, outcome.drained, done)]
+
+    def _drained(self, decision_id: uuid.UUID | str, action: str, nodes: Iterable[str], now: datetime) -> list[NodeState]:
+        """Each node the backend took out of service, announced ``drained``: its silence is then no loss,
+        and it is no capacity until its agent's check passes again. One id per (decision, node): the
+        announcement of a replayed decision is the same event."""
+        out = []
+        for node in nodes:
+            if not NAME_RE.fullmatch(node):
+                continue  # (the backend validated it before running anything: never reached)
+            out.append(NodeState(event_id=uuid.uuid5(_NS, f"drained/{decision_id}/{node}"), event_time=now,
+                                 source=Source(cluster=self.source.cluster, node=node), state="drained",
+                                 reason=f"{self.backend_label}: {action} (decision {decision_id}) took it out of "
+                                        "service"))
+        return out
 
     def _no_machine_action(self, action: Action, t: float, now: datetime) -> list[Envelope]:
         did = action.decision.decision_id
@@ -421,7 +438,11 @@ class Executor:
         if not rec.state.terminal:
             return []  # being handled elsewhere; that handler reports
         if rec.decision_id == str(decision.decision_id):
-            return [self._result_from(rec.decision_id, rec, now, job=decision.target.job)]
+            drained_by = getattr(self.backend, "drained", None)
+            nodes = drained_by(rec.commands, rec.state is ActionState.succeeded) \
+                if rec.executed and not rec.backend.startswith("dry-run:") and drained_by is not None else ()
+            return [self._result_from(rec.decision_id, rec, now, job=decision.target.job),
+                    *self._drained(rec.decision_id, rec.action, nodes, now)]
         detail = (f"duplicate of decision {rec.decision_id} (idempotency key {decision.idempotency_key!r}); "
                   f"nothing done; that decision {rec.state.value}: {rec.detail}")
         return [self._result(decision, rec.state, detail, now, backend=rec.backend)]

@@ -14,10 +14,10 @@ lag page no one, and a real hang is still caught within about ``k`` steps:
 * after the job starts or restarts, until ``warmup`` steps completed, the
   timeout is ``startup_timeout_s`` (compiling kernels, loading a
   checkpoint, rendezvous), and those steps do not teach the step time;
-* while a checkpoint is under way (the hooks' ``mon.checkpoint()``), the
-  timeout runs from its start and is ``checkpoint_timeout_s`` or ``k`` x
-  the longest checkpoint seen, and the step that held it does not teach
-  the step time either;
+* while a checkpoint is under way (the hooks' ``mon.checkpoint()``, and the
+  ``torch.save`` / DCP saves they mark themselves), the timeout runs from its
+  start and is ``checkpoint_timeout_s`` or ``k`` x the longest checkpoint
+  seen, and a step that held it teaches only its time outside it;
 * once a rank of the job ended cleanly (the hooks' ``mon.close()``, or its
   exit code 0), the job is finishing: its other ranks get
   ``startup_timeout_s`` to finish too.
@@ -122,7 +122,7 @@ class HangDetector(Detector):
         self._checkpoint_since: float | None = None
         self._checkpoint_step: int | None = None
         self._checkpoints: deque[float] = deque(maxlen=8)
-        self._held_checkpoint = False  # the next step held a checkpoint: it teaches nothing
+        self._checkpoint_spans: deque[tuple[float, float]] = deque(maxlen=16)  # (start, end) of recent ones
         self._ending_since: float | None = None  # a rank ended cleanly: the job is finishing
         self._finding: Finding | None = None
 
@@ -136,10 +136,13 @@ class HangDetector(Detector):
         self._last_step = step if step is not None else self._last_step
         self._count += 1
         self._since_start += 1
-        learn = self._since_start > self.warmup and not self._held_checkpoint
-        self._held_checkpoint = False
-        if learn:
-            self._steps.append(duration_s)
+        if self._since_start > self.warmup:
+            # A step that held a checkpoint teaches only its time outside it: a save between two steps
+            # (the usual place) leaves the next step whole, a save every step inside it leaves the rest.
+            held = max((min(t, end) - max(t - duration_s, start) for start, end in self._checkpoint_spans),
+                       default=0.0)
+            if duration_s - max(0.0, held) > 0:
+                self._steps.append(duration_s - max(0.0, held))
         if self._since_start > self.warmup:  # warm-up steps carry the start's own lag (connecting, joining)
             self._lags.append(max(0.0, float(lag_s)))
         # Ranks report out of order: progress is the latest completion seen.
@@ -172,8 +175,8 @@ class HangDetector(Detector):
             if self._checkpoint_since is not None:
                 took = duration_s if duration_s is not None else t - self._checkpoint_since
                 self._checkpoints.append(max(0.0, float(took)))
+                self._checkpoint_spans.append((t - max(0.0, float(took)), t))
             self._checkpoint_since = None
-            self._held_checkpoint = True
             # the silence before the checkpoint ended was the checkpoint's
             self._last_progress = t if self._last_progress is None else max(self._last_progress, t)
             self._finding = None

@@ -18,6 +18,12 @@ says exactly what was done).
 
 With ``dry_run`` nothing runs: the outcome is ``succeeded`` with "dry run:
 would run ..." and the argv lists.
+
+A drain or cordon that ran and succeeded is reported in the outcome's
+``drained`` (:meth:`CommandBackend.drained_by` says which command takes which
+node out), and the executor announces the node ``drained`` on the node
+states topic: the operator's scheduler took it out, so its silence is no
+loss and it is no capacity until it passes its check again.
 """
 
 from __future__ import annotations
@@ -45,6 +51,9 @@ class Outcome:
     state: ActionState
     detail: str
     argv: list[list[str]] = field(default_factory=list)
+    #: Nodes this action took out of service (a drain or cordon that ran and succeeded, whatever came after it):
+    #: the executor announces each as ``drained``.
+    drained: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -116,6 +125,16 @@ class CommandBackend:
         """The argv lists for ``action`` and notes for the detail (what the backend does not apply)."""
         raise NotImplementedError
 
+    def drained_by(self, argv: list[str]) -> str | None:
+        """The node that ``argv`` (one of :meth:`commands`' lists) takes out of service, if it does."""
+        return None
+
+    def drained(self, argvs: list[list[str]], succeeded: bool) -> tuple[str, ...]:
+        """The nodes that ``argvs`` as run took out of service: all of them when the sequence succeeded, else
+        all but the last (the command that failed)."""
+        ran = argvs if succeeded else argvs[:-1]
+        return tuple(dict.fromkeys(n for a in ran if (n := self.drained_by(a)) is not None))
+
     def execute(self, decision: Decision | Action, dry_run: bool = False) -> Outcome:
         action = as_action(decision)
         if action.action not in self.supports:
@@ -130,6 +149,7 @@ class CommandBackend:
             result = run_command(argv, self.timeout_s)
             if result.state is not ActionState.succeeded:
                 before = f"; ran before it: {' && '.join(done)}" if done else "; nothing ran before it"
-                return Outcome(result.state, result.detail + before + note, argvs[:len(done) + 1])
+                ran = argvs[:len(done) + 1]
+                return Outcome(result.state, result.detail + before + note, ran, self.drained(ran, False))
             done.append(result.detail)
-        return Outcome(ActionState.succeeded, f"ran {' && '.join(done)}{note}", argvs)
+        return Outcome(ActionState.succeeded, f"ran {' && '.join(done)}{note}", argvs, self.drained(argvs, True))

@@ -48,6 +48,9 @@ class KubernetesBackend(CommandBackend):
             argv.append(f"--field-selector=spec.nodeName={node}")
         return argv
 
+    def drained_by(self, argv: list[str]) -> str | None:
+        return argv[2] if argv[:2] == [self.kubectl, "cordon"] and len(argv) == 3 else None
+
     def commands(self, action: Action) -> tuple[list[list[str]], list[str]]:
         notes: list[str] = []
         job = action.job

@@ -52,6 +52,11 @@ class SlurmBackend(CommandBackend):
         reason = clean_reason(f"vigil {action.decision_id[:8]}: {action.reason or action.action}", 128)
         return [self.scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"]
 
+    def drained_by(self, argv: list[str]) -> str | None:
+        if argv[:2] == [self.scontrol, "update"] and "state=drain" in argv:
+            return next((a.split("=", 1)[1] for a in argv if a.startswith("nodename=")), None)
+        return None
+
     def commands(self, action: Action) -> tuple[list[list[str]], list[str]]:
         notes: list[str] = []
         job = action.job

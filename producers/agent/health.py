@@ -81,7 +81,10 @@ def _gpus(load_nvml: Callable[[], Any]) -> str:
             except Exception:  # noqa: BLE001 - not every GPU supports it
                 pass
             try:
-                dbe = nvml.nvmlDeviceGetTotalEccErrors(handle, 1, 1)  # uncorrected, volatile
+                # since the driver last loaded (volatile): a GPU whose bad pages a reset retired keeps
+                # its lifetime (aggregate) count forever, and must pass once repaired
+                dbe = nvml.nvmlDeviceGetTotalEccErrors(handle, getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1),
+                                                       getattr(nvml, "NVML_VOLATILE_ECC", 0))
                 if dbe:
                     problems.append(f"GPU {i}: {dbe} uncorrected ECC errors")
             except Exception:  # noqa: BLE001

@@ -169,12 +169,17 @@ class CollectiveHooks:
             self._group_names[id(group)] = name
         return name
 
-    def instrument_collectives(self, dist: Any = None) -> None:
+    def instrument_collectives(self, dist: Any = None, saves: bool = True) -> None:
         """Wrap the collectives of ``torch.distributed`` (call after ``init_process_group``).
 
         With ``timing="auto"`` this is where the path is chosen: CUDA events
         when the default group's backend is NCCL, the host clock otherwise.
+        ``saves``: also mark the loop's ``torch.save`` and DCP saves as
+        checkpoints (:mod:`vigil.producers.training.saves`), when ``dist`` is
+        torch's own (a stand-in given for tests leaves torch alone).
         """
+        if saves and (dist is None or getattr(dist, "__name__", None) == "torch.distributed"):
+            self.instrument_saves()  # type: ignore[attr-defined]
         if self._originals:
             return
         if dist is None:
@@ -200,9 +205,11 @@ class CollectiveHooks:
             setattr(dist, "batch_isend_irecv", self._wrap_batch(batch))
 
     def uninstrument_collectives(self) -> None:
+        """Undo :meth:`instrument_collectives` (the save wrappers too)."""
         for name, fn in self._originals.items():
             setattr(self._dist, name, fn)
         self._originals = {}
+        self.uninstrument_saves()  # type: ignore[attr-defined]
 
     def _wrap(self, fn: Callable, name: str, op: str) -> Callable:
         mon = self

@@ -10,7 +10,9 @@ Usage in any PyTorch training loop::
     mon.start_hang_watchdog()               # flight-recorder dump when a step hangs
     mon.install_exception_hooks()           # uncaught exceptions are classified and published
     mon.start_control(on_checkpoint=save)   # retry_step / checkpoint / save_and_exit
-    # your own periodic checkpoints: mark them, so a long save is not taken for a hang
+    # periodic checkpoints: torch.save and torch.distributed.checkpoint.save/async_save called by
+    # the loop are marked as checkpoints (instrument_collectives(saves=False) to opt out), so a
+    # long save is not taken for a hang; mark any other way of saving yourself:
     #     with mon.checkpoint(step): save(step)
 
     step = 0
@@ -98,6 +100,7 @@ from vigil.producers.training.commands import CommandHooks
 from vigil.producers.training.control import Command, ControlChannel
 from vigil.producers.training.cuda_events import CudaEvents, EventBackend, _events_of, _is_event
 from vigil.producers.training.failures import FailureHooks
+from vigil.producers.training.saves import SaveHooks
 from vigil.producers.training.batching import default_hooks_socket
 from vigil.producers.training.timing import BLOCKED, COLLECTIVE, COMPUTE, WAIT, split_step
 from vigil.producers.training.wire import Sink, UnixDatagramSink
@@ -122,7 +125,7 @@ class StepContext:
         self.exception: BaseException | None = None
 
 
-class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
+class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks, SaveHooks):
     """Hooks of one training process (one rank).
 
     Parameters
@@ -205,6 +208,13 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
         self._watchdog: threading.Thread | None = None
         self._watchdog_stop = threading.Event()
         self.dumps_sent = 0
+        # unmarked saves (:mod:`~vigil.producers.training.saves`)
+        self._save_wrapped: list[tuple[Any, str, Callable, Callable]] = []
+        self._saves_wanted = False
+        self._dcp_wrapped = False
+        self._saving = 0  # checkpoints under way (a save inside one is part of it)
+        self._loop_thread: int | None = None  # the thread that runs the steps
+        self._last_step: int | None = None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> "TrainingMonitor":
@@ -293,6 +303,10 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
         """Time one iteration; apply control commands at its end."""
         ctx = StepContext(step)
         clock = self._clock
+        self._last_step = step
+        self._loop_thread = threading.get_ident()
+        if self._saves_wanted and not self._dcp_wrapped:
+            self._maybe_wrap_dcp()
         if self._pending:
             self._harvest()
         self._iv = []
@@ -410,6 +424,7 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
         clock = self._clock
         t0 = clock()
         with self._lock:
+            self._saving += 1
             self._buf.append(["ck", "started", int(step), t0, None])
         self.flush(urgent=True)
         phase = "failed"
@@ -419,6 +434,7 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
         finally:
             t1 = clock()
             with self._lock:
+                self._saving -= 1
                 self._buf.append(["ck", phase, int(step), t1, t1 - t0])
             self.flush(urgent=True)
 
@@ -473,7 +489,7 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks):
         with self._lock:
             self._buf.append(["bye", os.getpid(), self._clock()])
         self.flush(urgent=True)
-        self.uninstrument_collectives()
+        self.uninstrument_collectives()  # (and the save wrappers)
         self.uninstall_exception_hooks()
         if self.control is not None:
             self.control.close()

@@ -380,8 +380,9 @@ class DecisionEngine:
         if not node:
             return []
         self.known_nodes.add(node)
-        if event.state in ("lost", "unhealthy") or event.state in NODE_AWAY:
-            self.nodes_down.add(node)  # out of capacity (an unhealthy node until it passes its check)
+        if event.state in ("lost", "unhealthy", "repaired") or event.state in NODE_AWAY:
+            # out of capacity: an unhealthy or repaired node until its agent's check passes ("joined")
+            self.nodes_down.add(node)
             if event.state == "drained":  # a straggler left by a checkpoint-restart: its return ends the fail-slow
                 for job, info in self.jobs.items():
                     if node in info.nodes:

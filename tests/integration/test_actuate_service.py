@@ -16,7 +16,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from vigil.schemas import ActionResult, Alert, DeadLetter, Decision, Subject, decode, encode
+from vigil.schemas import ActionResult, Alert, DeadLetter, Decision, NodeState, Subject, decode, encode
 from vigil.streams.kafka import reader
 from tests.integration.conftest import KEYRING, wait_for
 from vigil.stack import wait_for_file
@@ -80,16 +80,26 @@ class Topics:
 
     def __init__(self, config) -> None:
         self.consumer = reader(config.kafka_conf(), [config.topic("action_result"), config.topic("dead_letter"),
-                                                     config.topic("alert")])
+                                                     config.topic("alert"), config.topic("node_state")])
         self.results: list[ActionResult] = []
         self.dead: list[DeadLetter] = []
         self.alerts: list[Alert] = []
+        self.nodes: list[NodeState] = []
 
     def poll(self) -> None:
         msg = self.consumer.poll(0.1)
         if msg is not None and not msg.error():
             for ev in decode(msg.value()).events:
-                {ActionResult: self.results, DeadLetter: self.dead, Alert: self.alerts}[type(ev)].append(ev)
+                {ActionResult: self.results, DeadLetter: self.dead, Alert: self.alerts,
+                 NodeState: self.nodes}[type(ev)].append(ev)
+
+    def drained(self) -> dict[str, set]:
+        """node -> the ids of the ``drained`` announcements about it (a re-published one is the same id)."""
+        out: dict[str, set] = {}
+        for ev in self.nodes:
+            if ev.state == "drained":
+                out.setdefault(ev.source.node, set()).add(ev.event_id)
+        return out
 
     def states(self, d: Decision) -> list[str]:
         # A re-published result is the same event (same id): count each once.
@@ -139,6 +149,11 @@ def test_actuate_acts_once_per_decision_dead_letters_garbage_and_refuses_unknown
         assert wait_for(lambda: topics.states(later) == ["running", "succeeded"], 60, topics.poll), (
             topics.results, act.log.read_text()[-3000:])
         assert [c[2] for c in act.calls() if c[1] == "update"] == ["nodename=gpu-07", "nodename=gpu-08"]
+        # each drain that ran is announced once on the node states topic (the scheduler took the node out);
+        # the refused gpu-99 and the requeue took nothing out
+        assert wait_for(lambda: set(topics.drained()) == {"gpu-07", "gpu-08"}, 30, topics.poll), topics.nodes
+        assert [len(ids) for ids in topics.drained().values()] == [1, 1]
+        assert all(str(drain.decision_id) in e.reason for e in topics.nodes if e.source.node == "gpu-07")
     finally:
         act.stop()
         topics.close()

@@ -21,6 +21,7 @@ from vigil.actuators.errors import PlanError
 from vigil.actuators.executor import Executor
 from vigil.actuators.inventory import Inventory
 from vigil.actuators.ledger import Ledger
+from vigil.actuators.safety import Safety, SafetyLimits
 from vigil.actuators.state import ActionState
 from vigil.schemas import Decision, Subject, to_seconds
 from vigil.schemas.signing import Keyring
@@ -178,7 +179,8 @@ def test_executor_with_stub_slurm_reports_running_then_final(stubs, monkeypatch,
     with Ledger(tmp_path / "l.sqlite", now=to_seconds(T0)) as ledger:
         ex = Executor(SlurmBackend(timeout_s=1.0), ledger, Inventory(["gpu-07"], ["1234"]), keyring=KEYRING)
         out = ex.handle(decision("isolate_node", job=None, node="gpu-07"), T0)
-        assert [(r.state, r.backend) for r in out] == [("running", "slurm"), ("succeeded", "slurm")]
+        assert [(r.state, r.backend) for r in out[:2]] == [("running", "slurm"), ("succeeded", "slurm")]
+        assert [(e.event_type, e.state) for e in out[2:]] == [("node_state", "drained")]
         monkeypatch.setenv("STUB_MODE", "hang")
         out = ex.handle(decision("restart_process"), T0)
         assert [r.state for r in out] == ["running", "timed_out"]
@@ -223,3 +225,58 @@ def test_kubernetes_failures_and_unsupported(stubs, monkeypatch):
     assert out.state is ActionState.failed and "kubectl: error" in out.detail
     with pytest.raises(ValueError, match="label key"):
         KubernetesBackend(job_label="app=x,evil")
+
+
+# -- the nodes a backend took out of service are announced drained -----------------------------------------
+
+
+def roomy() -> Safety:
+    """Safety limits that let every node of these small inventories be drained (the default allows one)."""
+    return Safety(SafetyLimits(max_drained_fraction=1.0))
+
+
+def _drained(events) -> list[tuple[str, str]]:
+    from vigil.schemas import NodeState
+
+    return [(e.source.node, e.state) for e in events if isinstance(e, NodeState)]
+
+
+def test_executor_with_stub_scontrol_announces_each_node_its_drain_took_out(stubs, monkeypatch, tmp_path):
+    with Ledger(tmp_path / "l.sqlite", now=to_seconds(T0)) as ledger:
+        ex = Executor(SlurmBackend(timeout_s=5.0), ledger, Inventory(["gpu-07", "gpu-08", "gpu-09"], ["1234"]),
+                      roomy(), keyring=KEYRING)
+        iso = decision("isolate_node", job=None, node="gpu-07")
+        out = ex.handle(iso, T0)
+        assert [getattr(e, "state") for e in out] == ["running", "succeeded", "drained"]
+        assert _drained(out) == [("gpu-07", "drained")] and str(iso.decision_id) in out[-1].reason
+        # the drains ran, the requeue after them failed: both nodes are out all the same
+        monkeypatch.setenv("STUB_FAIL_ON", "requeue")
+        out = ex.handle(decision("reconfigure", plan={"exclude_nodes": ["gpu-08", "gpu-09"]}), T0)
+        assert out[1].state == "failed" and _drained(out) == [("gpu-08", "drained"), ("gpu-09", "drained")]
+        # a drain that fails takes nothing out; a restart drains nothing
+        monkeypatch.setenv("STUB_MODE", "fail")
+        assert _drained(ex.handle(decision("isolate_node", job=None, node="gpu-09"), T0)) == []
+        monkeypatch.delenv("STUB_MODE")
+        monkeypatch.delenv("STUB_FAIL_ON")
+        assert _drained(ex.handle(decision("restart_process"), T0)) == []
+        # a redelivered decision announces the same event again (its id: downstream drops the copy)
+        again = ex.handle(iso, T0)
+        assert [e.event_id for e in again] == [out_iso.event_id for out_iso in ex.handle(iso, T0)]
+        assert _drained(again) == [("gpu-07", "drained")]
+    assert sum(1 for argv in stubs() if argv[:2] == ["scontrol", "update"]) == 4  # the replays ran nothing
+
+
+def test_dry_run_with_stub_scontrol_announces_no_drain(stubs, tmp_path):
+    with Ledger(tmp_path / "l.sqlite", now=to_seconds(T0)) as ledger:
+        ex = Executor(SlurmBackend(), ledger, Inventory(["gpu-07"], ["1234"]), dry_run=True, keyring=KEYRING)
+        d = decision("isolate_node", job=None, node="gpu-07")
+        assert _drained(ex.handle(d, T0)) == [] and _drained(ex.handle(d, T0)) == []
+    assert stubs() == []
+
+
+def test_executor_with_stub_kubectl_announces_each_cordoned_node(stubs, tmp_path):
+    with Ledger(tmp_path / "l.sqlite", now=to_seconds(T0)) as ledger:
+        ex = Executor(KubernetesBackend(), ledger, Inventory(["gpu-03", "gpu-07"], ["llm-70b"]), roomy(), keyring=KEYRING)
+        assert _drained(ex.handle(decision("isolate_node", job=None, node="gpu-07"), T0)) == [("gpu-07", "drained")]
+        out = ex.handle(decision("reconfigure", job="llm-70b", plan={"exclude_nodes": ["gpu-03"], "workers": 3}), T0)
+        assert out[1].state == "succeeded" and _drained(out) == [("gpu-03", "drained")]

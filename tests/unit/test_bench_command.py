@@ -105,3 +105,31 @@ def test_a_misdeclared_option_or_argument_is_an_error():
         reproducing_command(planners.run, {"nope": 1}, "vigil bench planners", planners.CLI_OPTIONS)
     with pytest.raises(ValueError, match="flag"):
         reproducing_command(policies.run, {"scale": False}, "vigil bench policies", {"scale": "--scale"})
+
+
+@pytest.mark.parametrize("argv, written", [
+    ([], "bench/results/scenarios.json"),
+    (["--only", "rank_killed"], "bench/results/scenarios-only.json"),
+    (["--only", "rank_killed", "--json", "x.json"], "x.json"),
+])
+def test_scenarios_with_only_never_overwrite_the_committed_results(monkeypatch, argv, written):
+    """A run of some scenarios writes apart from the full suite's committed JSON unless told where."""
+    import subprocess
+    from pathlib import Path
+
+    import vigil.bench.scenarios as scenarios
+
+    seen = {}
+
+    def fake_run(json_path, names=None, **kw):
+        seen.update(json_path=json_path, names=names)
+        return {"scenarios": {}, "passed": 0, "total": 0, "false_pages": 0, "missed": 0, "wall_s": 0.0}
+
+    monkeypatch.setattr(scenarios, "run", fake_run)
+    result = CliRunner().invoke(app, ["bench", "scenarios", *argv])
+    assert result.exit_code == 0, result.output
+    assert seen["json_path"] == written and written in result.output.replace("\n", "")
+    if "--only" in argv and "--json" not in argv:  # and git leaves the partial results out
+        root = Path(__file__).resolve().parents[2]
+        ignored = subprocess.run(["git", "check-ignore", "-q", written], cwd=root)
+        assert ignored.returncode == 0

@@ -148,3 +148,61 @@ def test_bad_inputs_raise():
         det.update(-1.0, t=0.0)
     with pytest.raises(DetectorError):
         det.update(1.0, t=float("nan"))
+
+
+def _periodic_job(det, steps, step_s=0.2, every=8, pause_x=10.0, marked=True):
+    """Steps of ``step_s`` s, and after every ``every``-th a save of ``pause_x`` steps between two steps
+    (marked as a checkpoint, as the hooks mark torch.save, or not); ticks every 10 ms. The first time
+    the detector fires, or None; and the end of the last step."""
+    t = 0.0
+    for step in range(steps):
+        fired = scan(det, t, t + step_s)
+        if fired is not None:
+            return fired, t
+        t += step_s
+        det.update(step_s, t=t, step=step)
+        if step and step % every == 0:
+            if marked:
+                det.checkpoint("started", t=t, step=step)
+            fired = scan(det, t, t + pause_x * step_s)
+            if fired is not None:
+                return fired, t
+            t += pause_x * step_s
+            if marked:
+                det.checkpoint("completed", t=t, step=step, duration_s=pause_x * step_s)
+    return None, t
+
+
+def test_a_periodic_checkpoint_pause_pages_only_when_nothing_marks_it():
+    """Every 8 steps a pause of 10 steps: unmarked, no learned timeout can tell it from a hang (why the hooks
+    mark torch.save and DCP saves themselves); marked, no page, and a hang after it is still caught in k x D."""
+    fired, _ = _periodic_job(HangDetector(k=3, warmup=5), 40, marked=False)
+    assert fired is not None
+    det = HangDetector(k=3, warmup=5)
+    fired, end = _periodic_job(det, 40, marked=True)
+    assert fired is None and det.learned_timeout_s == pytest.approx(0.6)
+    hung = scan(det, end, end + 5)  # the job hangs after its last step
+    assert hung is not None and hung - end <= 3 * 0.2 + 0.011
+
+
+def test_a_save_every_step_still_teaches_the_step_time():
+    """Saves marked every step, between steps or inside them: the steps teach their time outside the saves
+    (a step that held one taught nothing before, so the timeout stayed the 600 s start-up one)."""
+    for inside in (False, True):
+        det = HangDetector(k=3, warmup=5)
+        t = 0.0
+        for step in range(30):
+            start = t
+            if not inside:
+                det.checkpoint("started", t=t, step=step)
+                det.checkpoint("completed", t=t + 0.3, step=step, duration_s=0.3)
+                start = t = t + 0.3
+                det.update(0.4, t=t + 0.4, step=step)
+            else:
+                det.checkpoint("started", t=t + 0.1, step=step)
+                det.checkpoint("completed", t=t + 0.4, step=step, duration_s=0.3)
+                det.update(0.7, t=t + 0.7, step=step)  # 0.4 s of work around a 0.3 s save
+            t = start + (0.4 if not inside else 0.7)
+        assert det.learned_timeout_s == pytest.approx(1.2), inside
+        hung = scan(det, t, t + 5)
+        assert hung is not None and hung - t <= 1.2 + 0.011

@@ -181,3 +181,43 @@ def test_the_agent_acls_cover_every_topic_the_agent_and_hooks_publish():
             topic = topic_name(event_type, "vigil")
             assert any(topic == a or (a.endswith("*") and topic.startswith(a[:-1])) for a in allowed), \
                 f"the agent publishes {event_type} to {topic}, which its ACLs {allowed} do not let it write"
+
+
+def _acl_writable(script: str, principal: str, prefix: str) -> list[str]:
+    """The topics (``name*`` for a prefix) the ACL lines of ``script`` let ``principal`` write."""
+    import re
+
+    topics = []
+    for line in script.splitlines():
+        if f"User:{principal} " not in line or "--operation Write" not in line or "--topic" not in line:
+            continue
+        pattern = line.split("--topic", 1)[1].split()[0].rstrip(";").strip('"').replace("$$", "$")
+        loop = re.match(r"\s*for t in ([^;]+); do", line)
+        for name in loop.group(1).split() if loop else [None]:
+            topic = pattern.replace("$t", name) if name else pattern
+            topics.append(topic.replace("$T", prefix) + ("*" if "prefixed" in line else ""))
+    return topics
+
+
+def test_the_actuator_acls_cover_every_topic_the_actuator_publishes():
+    """Each event class the executor and the actuator service build lands on a topic the actuator may write
+    (the nodes a drain took out of service, announced on state.nodes, came after the ACLs were written)."""
+    import re
+
+    import vigil.schemas.events as events
+    from vigil.schemas import topic_name
+
+    root = INFRA.parent
+    built = set()
+    for path in [*(root / "actuators").rglob("*.py"), root / "vigil/services/actuator.py"]:
+        built |= set(re.findall(r"\b([A-Z][A-Za-z]+)\(", path.read_text()))
+    published = {cls.model_fields["event_type"].default for name in built
+                 if isinstance(cls := getattr(events, name, None), type) and "event_type" in getattr(cls, "model_fields", {})}
+    assert {"action_result", "alert", "node_state"} <= published  # the scan found what the actuator says
+    compose = yaml.safe_load((INFRA / "compose.yaml").read_text())["services"]["kafka-acls"]["command"][0]
+    readme = (root / "README.md").read_text().split("**Least privilege on an existing Kafka.**", 1)[1]
+    for script in (compose, readme):
+        allowed = _acl_writable(script, "actuator", "vigil")
+        for event_type in sorted(published):
+            topic = topic_name(event_type, "vigil")
+            assert topic in allowed, f"the actuator publishes {event_type} to {topic}; its ACLs allow {allowed}"

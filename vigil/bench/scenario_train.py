@@ -9,6 +9,9 @@ rank, torchrun's environment). SPEC is a JSON object:
 ``first_step_x``   the first step takes this many times longer (warm-up)
 ``ckpt_every``     every N steps save a checkpoint, marked with ``mon.checkpoint()``
 ``ckpt_x``         ... taking this many step times
+``ckpt_torch_save`` ... unmarked instead: ``torch.save`` of a tensor to storage slow enough that
+                   it takes that long (what most training loops do); the ranks write
+                   ``saves<r>``: one line per save, its step and the seconds it took
 ``hang_at``        at this step, rank ``hang_rank`` sleeps forever inside the step
 ``crash``          exit with this code right after start, every launch (a crash loop)
 ``start_step``     resume from this step (the next job of a chain)
@@ -26,6 +29,26 @@ import os
 import sys
 import time
 from pathlib import Path
+
+
+class SlowStorage:
+    """A file written at a fixed rate (checkpoint storage slower than a step: a network filesystem), so a
+    save of ``nbytes`` takes ``seconds`` whatever this machine's disk."""
+
+    def __init__(self, path: Path, nbytes: int, seconds: float) -> None:
+        self._f = open(path, "wb")
+        self._rate = nbytes / seconds
+
+    def write(self, data: bytes) -> int:
+        n = self._f.write(data)
+        time.sleep(len(data) / self._rate)
+        return n
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def main() -> None:
@@ -67,8 +90,19 @@ def main() -> None:
         if s.exit_requested:
             break
         if spec.get("ckpt_every") and step and step % spec["ckpt_every"] == 0:
-            with mon.checkpoint(step):
-                time.sleep(spec.get("ckpt_x", 10) * spec["step_s"])
+            seconds = spec.get("ckpt_x", 10) * spec["step_s"]
+            if spec.get("ckpt_torch_save"):  # unmarked, as most loops save: the hooks must see it themselves
+                weights = torch.ones(1 << 18)  # 1 MiB
+                storage = SlowStorage(Path(spec["progress"]) / f"ckpt{rank}.pt", weights.numel() * 4, seconds)
+                t0 = time.time()
+                torch.save({"step": step, "weights": weights}, storage)
+                storage.close()
+                if progress is not None:
+                    with open(progress.with_name(f"saves{rank}"), "a") as f:
+                        f.write(f"{step} {time.time() - t0:.3f}\n")
+            else:
+                with mon.checkpoint(step):
+                    time.sleep(seconds)
         if progress is not None:
             progress.write_text(f"{step} {os.getpid()}")
         if not s.retry:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vigil.bench.scenario_harness import AgentProcess, Recorder, Scene, WorkerProcess, wait_until
-from vigil.schemas import NodeState, Source, encode, message_key, topic_name
+from vigil.schemas import GPUS_PER_NODE, Decision, JobState, NodeState, Source, encode, message_key, topic_name
 from vigil.schemas.envelope import utcnow
 
 __all__ = ["SCENARIOS", "FAST", "run", "run_scenario", "Verdict"]
@@ -168,32 +168,61 @@ def warmup(scene: Scene, rec: Recorder, v: Verdict) -> None:
 
 
 def checkpoint_pause(scene: Scene, rec: Recorder, v: Verdict) -> None:
-    agent = AgentProcess(scene, "n1", "ckpt", _spec(steps=40, ckpt_every=8, ckpt_x=10.0), actuate=True)
-    v.expected.update(exit_code=0)
+    """Every 8 steps an unmarked ``torch.save`` taking 10 steps' time, as most training loops save."""
+    every, x, steps = 8, 10.0, 40
+    agent = AgentProcess(scene, "n1", "ckpt", _spec(steps=steps, ckpt_every=every, ckpt_x=x, ckpt_torch_save=True),
+                         actuate=True)
+    want = [s for s in range(1, steps) if s % every == 0]
+    v.expected.update(exit_code=0, saves=f"steps {want}, unmarked torch.save, each >= {x:g} x {STEP_S} s")
     wait_until(lambda: agent.proc.poll() is not None, 150, rec.poll)
     _settle(rec, 5)
+    saves = {}
+    for f in sorted((agent.dir / "progress").glob("saves*")):
+        saves[f.name] = [(int(a), float(b)) for a, b in (line.split() for line in f.read_text().splitlines())]
     v.require("exit_code", agent.proc.poll() == 0, agent.proc.poll())
+    v.require("saves_took_10_steps", len(saves) == 2 and all([s for s, _ in got] == want
+                                                               and min(t for _, t in got) >= x * STEP_S
+                                                               for got in saves.values()), saves)
 
 
 def rank_killed(scene: Scene, rec: Recorder, v: Verdict) -> None:
     agent = AgentProcess(scene, "n1", "victim", _spec(), actuate=True)
-    v.expected.update(alert="sev2 process_exit", within_s=0.5, decision="restart_process")
+    v.expected.update(alert="sev2 process_exit", within_s=0.5, decision="restart_process", restart_result="succeeded",
+                      restarted="every rank a new process, past the step it was killed at")
     v.pages_allowed, v.decisions_allowed = {"process_exit"}, {"restart_process"}
     wait_until(lambda: agent.step() >= 15, 90, rec.poll)
-    pid = agent.progress()[1][1]
+    before = agent.progress()
+    old_pids = {pid for _, pid in before.values()}
+    killed_at = max(step for step, _ in before.values())
     killed = time.time()
-    os.kill(pid, signal.SIGKILL)
+    os.kill(before[1][1], signal.SIGKILL)
     # the first alert naming the exit (a peer's broken connection may have opened the incident first)
     opened = lambda: [t for t, a in rec.alerts if a.kind == "process_exit" and a.subject.job == "victim"][:1]
     wait_until(lambda: bool(opened()), 20, rec.poll)
-    wait_until(lambda: any(d.action == "restart_process" for _, d in rec.decisions), 20, rec.poll)
-    wait_until(lambda: agent.step() >= 3 and "restarting" in _states(rec, "victim"), 60, rec.poll)
+    restarts = lambda: {d.decision_id for _, d in rec.decisions if d.action == "restart_process"
+                        and d.target.job == "victim"}
+    wait_until(lambda: bool(restarts()), 20, rec.poll)
+    results = lambda: [r for _, r in rec.actions if r.decision_id in restarts()]
+    succeeded = lambda: [r for r in results() if r.state == "succeeded"]
+    wait_until(lambda: bool(succeeded()) or any(r.state in ("failed", "timed_out", "cancelled") for r in results()),
+               60, rec.poll)
+
+    def restarted() -> bool:  # the ranks' own files: new processes, and they got past where the job was killed
+        now = agent.progress()
+        return len(now) == 2 and all(pid not in old_pids and step > killed_at for step, pid in now.values())
+    wait_until(restarted, 90, rec.poll)
+    after = agent.progress()
     agent.signal(signal.SIGTERM)
     wait_until(lambda: agent.proc.poll() is not None, 60, rec.poll)
     _settle(rec, 4)
     delay = opened()[0] - killed if opened() else None
     v.require("exit_alert_in_time", delay is not None and delay <= 0.5, None if delay is None else round(delay, 3))
-    v.require("restart", any(d.action == "restart_process" for _, d in rec.decisions))
+    v.require("restart", bool(restarts()))
+    v.require("restart_succeeded", bool(succeeded()), [f"{r.state}: {r.detail[:120]}" for r in results()])
+    v.require("restarted_ranks_progress", len(after) == 2 and all(pid not in old_pids and step > killed_at
+                                                                 for step, pid in after.values()),
+              {"killed_at_step": killed_at, "before": {r: list(x) for r, x in sorted(before.items())},
+               "after": {r: list(x) for r, x in sorted(after.items())}})
 
 
 def agent_killed(scene: Scene, rec: Recorder, v: Verdict) -> None:
@@ -248,21 +277,49 @@ def eight_silent(scene: Scene, rec: Recorder, v: Verdict) -> None:
 
 
 def repair_fails_health_check(scene: Scene, rec: Recorder, v: Verdict) -> None:
+    """n9 comes back from repair and fails its check; the re-planner (on in this scene's worker) is what
+    shows the engine's healthy capacity: a job that wants two nodes gets the healthy n10 alone, and n9
+    once a later start of its agent passes."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": scene.bootstrap})
     repaired = NodeState(event_time=utcnow(), source=Source(node="n9"), state="repaired", reason="RMA returned")
-    p.produce(topic_name("node_state", scene.prefix), encode(repaired), key=message_key(repaired))
+    wants_two = JobState(event_time=utcnow(), source=Source(job="probe"), state="pending", gpus=2 * GPUS_PER_NODE,
+                         min_gpus=GPUS_PER_NODE, reason="queued: wants two nodes, runs on one")
+    for event in (repaired, wants_two):
+        p.produce(topic_name(event.event_type, scene.prefix), encode(event), key=message_key(event))
     p.flush(10)
     agent = AgentProcess(scene, "n9", None, extra=("--health-min-free-gb", "1000000"))  # a check it cannot pass
-    v.expected.update(node_state="unhealthy", reported="sev3 health_check_failed", capacity="out")
+    v.expected.update(node_state="unhealthy", reported="sev3 health_check_failed",
+                      capacity="out: the re-plan when healthy n10 joins gives job probe (two nodes wanted) n10 alone",
+                      back="a later start of n9 that passes: the re-plan gives probe n9 too")
+    v.decisions_allowed = {"replan"}
     wait_until(lambda: any(a.kind == "health_check_failed" for _, a in rec.alerts), 60, rec.poll)
-    _settle(rec, 3)
+
+    def replans(trigger: str | None = None) -> list[Decision]:
+        return [d for _, d in rec.decisions if d.action == "replan" and trigger in (None, d.plan.get("trigger"))]
+    healthy = AgentProcess(scene, "n10", None)
+    wait_until(lambda: bool(replans("node n10 joined")), 60, rec.poll)
     agent.signal(signal.SIGTERM)
     wait_until(lambda: agent.proc.poll() is not None, 30, rec.poll)
-    states = [s.state for _, s in rec.node_states("n9")]
-    v.require("unhealthy", "unhealthy" in states and "joined" not in states, states)
+    failed_states = [s.state for _, s in rec.node_states("n9")]
+    before = replans()
+    again = AgentProcess(scene, "n9", None)  # repaired for real this time: the check passes
+    wait_until(lambda: bool(replans("node n9 joined")), 60, rec.poll)
+    given = lambda ds: [d.plan.get("allocations", {}).get("probe") for d in ds]
+    v.require("unhealthy", "unhealthy" in failed_states and "joined" not in failed_states, failed_states)
     v.require("reported", any(a.kind == "health_check_failed" and a.severity == 3 for _, a in rec.alerts))
+    v.require("capacity_out", bool(replans("node n10 joined")) and all("n9" not in (a or []) for a in given(before))
+              and given(replans("node n10 joined"))[-1] == ["n10"],
+              {d.plan.get("trigger"): d.plan.get("allocations") for d in before})
+    v.require("back_after_passing", any("n9" in (a or []) for a in given(replans("node n9 joined"))),
+              [d.plan.get("allocations") for d in replans("node n9 joined")])
+    again.signal(signal.SIGTERM)
+    healthy.signal(signal.SIGTERM)
+    wait_until(lambda: again.proc.poll() is not None and healthy.proc.poll() is not None, 30, rec.poll)
+
+
+repair_fails_health_check.worker_env = {"VIGIL_REPLAN": "true"}  # type: ignore[attr-defined]
 
 
 def broker_down_20s(scene: Scene, rec: Recorder, v: Verdict) -> None:
@@ -553,7 +610,8 @@ def run(json_path: str | None, names: tuple[str, ...] | None = None, bootstrap: 
            "missed": sum(r["missed"] for r in results.values()), "wall_s": round(time.monotonic() - started, 1),
            "machine": {**machine_info(), "load_before": [round(x, 2) for x in load_before],
                        "load_after": [round(x, 2) for x in os.getloadavg()]},
-           "command": "vigil bench scenarios --json " + (json_path or "-")}
+           "command": "vigil bench scenarios" + "".join(f" --only {n}" for n in (names if len(names) < len(SCENARIOS) else ()))
+           + " --json " + (json_path or "-")}
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(out, indent=1) + "\n")

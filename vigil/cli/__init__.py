@@ -15,6 +15,7 @@ from vigil.cli import scrape  # noqa: F401,E402  (vigil scrape)
 from vigil.cli import notify  # noqa: F401,E402  (vigil notify)
 from vigil.cli import sim  # noqa: F401,E402  (vigil sim)
 from vigil.cli import analyze  # noqa: F401,E402  (vigil analyze: profiler traces, offline)
+from vigil.cli import node  # noqa: F401,E402  (vigil node: an operator's word on a node)
 from vigil.cli.common import app
 
 __all__ = ["app", "main"]

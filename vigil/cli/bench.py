@@ -383,9 +383,16 @@ def bench_hooks(
     console.print(f"written to {json_path}")
 
 
+#: The committed results of the whole suite, and where a run of some scenarios (--only) goes unless told.
+SCENARIOS_JSON = Path("bench/results/scenarios.json")
+SCENARIOS_ONLY_JSON = Path("bench/results/scenarios-only.json")
+
+
 @bench_app.command("scenarios")
 def bench_scenarios(
-    json_path: Path = typer.Option(Path("bench/results/scenarios.json"), "--json", help="Where to write the results."),
+    json_path: Optional[Path] = typer.Option(
+        None, "--json", help=f"Where to write the results (default: {SCENARIOS_JSON}, or with --only "
+        f"{SCENARIOS_ONLY_JSON}, which git ignores: a partial run never overwrites the full results)."),
     only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this scenario (repeatable)."),
 ) -> None:
     """Real job lifecycles on the real agent: no false page, no missed fault, never stuck.
@@ -408,6 +415,8 @@ def bench_scenarios(
     unknown = sorted(set(only or []) - set(SCENARIOS))
     if unknown:
         fail(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}", 2)
+    if json_path is None:
+        json_path = SCENARIOS_ONLY_JSON if only else SCENARIOS_JSON
     with console.status("running scenarios...") as status:
         result = run(str(json_path), tuple(only) if only else None, progress=lambda n: status.update(f"scenario {n}..."))
     table = Table("scenario", "passed", "false pages", "missed", "wall s")
