@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vigil.bench.scenario_harness import AgentProcess, Recorder, Scene, WorkerProcess, wait_until
+from vigil.detectors.hang import DEFAULT_K
 from vigil.schemas import GPUS_PER_NODE, Decision, JobState, NodeState, Source, encode, message_key, topic_name
 from vigil.schemas.envelope import utcnow
 
@@ -35,7 +36,7 @@ __all__ = ["SCENARIOS", "FAST", "run", "run_scenario", "Verdict"]
 
 #: Step time of the scenarios' jobs (seconds), and the hang detector's k (the defaults).
 STEP_S = 0.2
-K = 3.0
+K = DEFAULT_K
 
 
 @dataclass
