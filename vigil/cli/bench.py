@@ -166,14 +166,16 @@ def bench_pipeline(
 @bench_app.command("planners")
 def bench_planners(
     json_path: Path = typer.Option(Path("bench/results/planners.json"), "--json", help="Where to write the results."),
-    repeats: int = typer.Option(7, min=1, help="Timed calls per instance; the median is reported."),
+    repeats: int = typer.Option(7, min=1, help="Timed calls per instance; the median is reported, with its 95 % "
+                                               "interval from 6 calls on."),
     seed: int = typer.Option(0, help="Seed of the generated instances."),
     quality_seeds: int = typer.Option(10, min=1, help="Fragmented clusters on which placement is compared with the baselines."),
 ) -> None:
     """Time every planner against its target, and compare placement with topology-unaware baselines.
 
-    Pure computation on one core, no broker; takes about half a minute.
-    Each timing is the median of REPEATS calls on a seeded instance:
+    Pure computation on one core, no broker; takes about a minute.
+    Each timing is the median of REPEATS calls on a seeded instance, with its
+    n and its distribution-free 95 % interval (order statistics):
 
     \b
       micro-batch rebalancing (Falcon S2), 512 DP groups ........ target <= 10 ms
@@ -187,7 +189,8 @@ def bench_planners(
     random-fit and packing divided by the exact placement's, over
     QUALITY_SEEDS clusters (Arnold reports up to 1.67x). Writes JSON with
     microbatch_512_ms, waf_100jobs_10k_ms, placement_512of1024_ms,
-    placement_spread_vs_best_baseline, command (this command line, every
+    placement_spread_vs_best_baseline, intervals (n and 95 % interval of each
+    timing), targets_met and targets_met_over_interval, command (this command line, every
     option spelled out) and a detail section (sweeps, per-seed quality, the
     machine and its load average before and after), and prints a table.
     """
