@@ -74,13 +74,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
 import sys
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from vigil.bench.command import reproducing_command
 from vigil.bench.cpscore import wilson
 from vigil.detectors.base import REGISTRY
 import vigil.detectors.baselines  # noqa: F401  (registration)
@@ -103,6 +103,10 @@ REQUIRED_STEP = 0.10
 REQUIRED_ITERS = 10
 #: The fail-slow targets, re-reported on the evaluation seeds.
 TARGETS = {"accuracy": 0.995, "fpr": 0.0, "fnr_ge10": 0.01, "delay_median_ge20": 5}
+#: ``run`` arguments that ``vigil bench detectors`` takes, and its options.
+CLI_OPTIONS = {"n_traces": "--traces", "tuning_seeds": "--tuning-seeds", "evaluation_seeds": "--evaluation-seeds",
+               "n_out_of_family": "--out-of-family", "general": "--general/--no-general",
+               "n_general_per_family": "--per-family"}
 
 
 class NeverAlarm:
@@ -356,8 +360,14 @@ def _load() -> list[float] | None:
 def run(json_path: str | None = None, n_traces: int = 500, tuning_seeds: Sequence[int] = (0,),
         evaluation_seeds: Sequence[int] = (2, 3), n_out_of_family: int = 50, general: bool = True,
         n_general_per_family: int = 70, progress: Callable[[str], Any] | None = None,
-        detectors: Sequence[str] = DETECTORS, command: str | None = None) -> dict[str, Any]:
-    """Run the benchmark; write the result to ``json_path`` (when given) and return it."""
+        detectors: Sequence[str] = DETECTORS) -> dict[str, Any]:
+    """Run the benchmark; write the result to ``json_path`` (when given) and return it.
+
+    The result's ``command`` reproduces the run: the ``vigil bench detectors``
+    line with every option spelled out, or the Python call when an argument
+    the command does not take was changed.
+    """
+    command = reproducing_command(run, dict(locals()), "vigil bench detectors", CLI_OPTIONS)
     if set(tuning_seeds) & set(evaluation_seeds):
         raise ValueError(f"tuning seeds {list(tuning_seeds)} and evaluation seeds {list(evaluation_seeds)} overlap")
     say = progress or (lambda _m: None)
@@ -453,6 +463,5 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    res = run(sys.argv[1] if len(sys.argv) > 1 else None, progress=lambda m: print(m, file=sys.stderr),
-              command=" ".join(shlex.quote(a) for a in sys.argv))
+    res = run(sys.argv[1] if len(sys.argv) > 1 else None, progress=lambda m: print(m, file=sys.stderr))
     print(format_table(res))

@@ -14,14 +14,17 @@ from vigil.cli.common import bench_app, console, err_console, fail, print_table,
 @bench_app.command("detectors")
 def bench_detectors(
     json_path: Path = typer.Option(Path("bench/results/detectors.json"), "--json", help="Where to write the results."),
-    traces: int = typer.Option(500, min=10, help="Labelled fail-slow traces per evaluation seed (half clean)."),
+    n_traces: int = typer.Option(500, "--traces", min=10, help="Labelled fail-slow traces per evaluation seed "
+                                                              "(half clean)."),
     tuning_seeds: str = typer.Option("0", help="Seeds the tuned detectors were tuned on (comma-separated); "
                                                "the references of the general section are tuned on them."),
     evaluation_seeds: str = typer.Option("2,3", help="Seeds every figure is reported on (comma-separated), "
                                                      "disjoint from the tuning seeds."),
-    out_of_family: int = typer.Option(50, min=1, help="Out-of-family fail-slow cases per family and seed."),
+    n_out_of_family: int = typer.Option(50, "--out-of-family", min=1,
+                                        help="Out-of-family fail-slow cases per family and seed."),
     general: bool = typer.Option(True, help="Run the general change-point section (needs ruptures)."),
-    per_family: int = typer.Option(70, min=5, help="General series per family and evaluation seed."),
+    n_general_per_family: int = typer.Option(70, "--per-family", min=5,
+                                             help="General series per family and evaluation seed."),
 ) -> None:
     """Score the change-point detectors on labelled series, on evaluation seeds apart from the tuning seeds.
 
@@ -34,11 +37,10 @@ def bench_detectors(
     Binseg and PELT, "zero" and BOCPD on ten families of series with
     simulated annotators. Also the straggler localizer's accuracy and the
     ACF iteration-period error. Writes JSON (with the machine's load before
-    and after, and this command) and prints tables.
+    and after, and the command that reproduces it, every option spelled out)
+    and prints tables.
     """
     require_server("bench detectors")
-    import sys
-
     from vigil.bench.detectors import run
 
     def seeds(text: str) -> list[int]:
@@ -47,11 +49,10 @@ def bench_detectors(
         except ValueError:
             fail(f"seeds must be comma-separated integers, got {text!r}")
 
-    command = " ".join(["vigil"] + sys.argv[1:])
     with console.status("generating traces...") as status:
-        result = run(str(json_path), n_traces=traces, tuning_seeds=seeds(tuning_seeds),
-                     evaluation_seeds=seeds(evaluation_seeds), n_out_of_family=out_of_family, general=general,
-                     n_general_per_family=per_family, command=command,
+        result = run(str(json_path), n_traces=n_traces, tuning_seeds=seeds(tuning_seeds),
+                     evaluation_seeds=seeds(evaluation_seeds), n_out_of_family=n_out_of_family, general=general,
+                     n_general_per_family=n_general_per_family,
                      progress=lambda what: status.update(f"scoring {what}..."))
     from rich import box
 
@@ -107,7 +108,9 @@ def bench_pipeline(
     throughput_seconds: float = typer.Option(120.0, "--throughput-seconds", min=10,
                                              help="Seconds of that cluster's telemetry in the backlog."),
     seed: int = typer.Option(0, help="Seed of the cluster and its faults."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run every point, not only up to the first that misses."),
+    stop_at_first_miss: bool = typer.Option(True, "--stop-at-first-miss/--keep-going",
+                                            help="Stop after the first point that misses a target (--keep-going: "
+                                                 "run every point)."),
 ) -> None:
     """Alert latency while workers carry a large cluster's telemetry; capacity; throughput on a backlog.
 
@@ -121,21 +124,19 @@ def bench_pipeline(
     and a projection for 100k and 1M GPUs. A point takes about 12 minutes
     (node losses are spaced 6.5 s apart). Writes JSON and prints a table.
     """
-    import shlex
-    import sys
-
     require_server("bench pipeline")
     from vigil.bench.pipeline import TARGETS, run
 
-    sizes = tuple(int(x) for x in load_gpus.split(",") if x.strip())
-    tp = tuple(int(x) for x in throughput_workers.split(",") if x.strip())
-    # every argument, an empty one too (--throughput-workers '' skips the throughput): the command must rerun as is
-    command = "vigil bench pipeline " + " ".join(shlex.quote(a) for a in sys.argv[3:]) if len(sys.argv) > 3 \
-        else "vigil bench pipeline"
+    try:
+        sizes = tuple(int(x) for x in load_gpus.split(",") if x.strip())
+        tp = tuple(int(x) for x in throughput_workers.split(",") if x.strip())
+    except ValueError:
+        fail(f"--load-gpus and --throughput-workers are comma-separated integers, got {load_gpus!r}, "
+             f"{throughput_workers!r}", 2)
     with console.status("starting...") as status:
         result = run(str(json_path), load_gpus=sizes, workers=workers, faults_per_kind=faults_per_kind,
                      throughput_workers=tp, throughput_gpus=throughput_gpus, throughput_seconds=throughput_seconds,
-                     seed=seed, stop_at_first_miss=not keep_going, command=command,
+                     seed=seed, stop_at_first_miss=stop_at_first_miss,
                      progress=lambda what: status.update(what + "..."))
     for n, rps in result["throughput"].items():
         d = result["throughput_detail"][n]
@@ -348,8 +349,6 @@ def bench_hooks(
 
     from vigil.bench.hooks import run
 
-    import sys
-
     if world is not None and world % 2:
         raise typer.BadParameter("--world must be even")
     console = Console()
@@ -358,7 +357,7 @@ def bench_hooks(
                      real_steps=real_steps, real_block=real_block, real_hidden=real_hidden, real_batch=real_batch,
                      seed=seed, agent_seconds=agent_seconds, pin=pin,
                      bootstrap=os.environ.get("VIGIL_KAFKA_BOOTSTRAP") or None,
-                     progress=lambda what: status.update(what), command="vigil " + " ".join(sys.argv[1:]))
+                     progress=lambda what: status.update(what))
     d = result["detail"]
     head = d["overhead"]
     table = Table("measure", "value", "target")
@@ -379,7 +378,7 @@ def bench_hooks(
 @bench_app.command("scenarios")
 def bench_scenarios(
     json_path: Path = typer.Option(Path("bench/results/scenarios.json"), "--json", help="Where to write the results."),
-    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this scenario (repeatable)."),
+    names: Optional[List[str]] = typer.Option(None, "--only", help="Run only this scenario (repeatable)."),
 ) -> None:
     """Real job lifecycles on the real agent: no false page, no missed fault, never stuck.
 
@@ -398,11 +397,12 @@ def bench_scenarios(
     require_server("bench scenarios")
     from vigil.bench.scenarios import SCENARIOS, run
 
-    unknown = sorted(set(only or []) - set(SCENARIOS))
+    unknown = sorted(set(names or []) - set(SCENARIOS))
     if unknown:
         fail(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}", 2)
     with console.status("running scenarios...") as status:
-        result = run(str(json_path), tuple(only) if only else None, progress=lambda n: status.update(f"scenario {n}..."))
+        result = run(str(json_path), tuple(names) if names else None,
+                     progress=lambda n: status.update(f"scenario {n}..."))
     table = Table("scenario", "passed", "false pages", "missed", "wall s")
     for name, r in result["scenarios"].items():
         table.add_row(name, "yes" if r["passed"] else "[red]NO[/red]", str(r["false_pages"]), str(r["missed"]),
