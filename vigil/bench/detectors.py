@@ -65,8 +65,10 @@ when it outlasts it).
 - ``floor``: the scores of a detector that never alarms.
 - Known events (restarts, configuration changes) of out-of-family cases:
   the harness restarts the detector there (a fresh instance), as the engine
-  must for the benign-shift rule; ``vigil.streams.engine`` does not do it
-  today.
+  does (:mod:`vigil.streams.engine.detection`): a job's fail-slow detection
+  starts afresh when it restarts, when a state of the running job gives it
+  a new layout (nodes, GPUs, dp/pp/tp), and on a step its training process
+  marked as a change of configuration (``TrainingMonitor.note_change``).
 """
 
 from __future__ import annotations
