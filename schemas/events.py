@@ -57,6 +57,11 @@ class IterationTiming(Envelope):
         "thread, as with gloo; only the launch cost of a CUDA collective); cpu_wall_remainder: the host step "
         "time minus the measured blocked time; external: supplied by the caller. Empty: not stated "
         "(producers before this field)."))
+    config_change: str | None = Field(None, min_length=1, max_length=2000, description=(
+        "A change of the job's configuration that takes effect at this step, announced by the training process "
+        "(TrainingMonitor.note_change: a new batch size or sequence length, a resize...): why, for a human. The "
+        "step time may shift from here on purpose, so the job's fail-slow detection starts afresh. None: no "
+        "change announced."))
 
     @model_validator(mode="after")
     def _end_after_start(self) -> "IterationTiming":
@@ -91,6 +96,9 @@ class IterationStep(Envelope):
         "empty when not measured (a ClickHouse array cannot be null)."))
     measured: dict[TimingFigure, TimingMethod] = Field(default_factory=dict, description=(
         "How the figures were measured (as IterationTiming.measured), when every rank measured them alike."))
+    config_change: str | None = Field(None, min_length=1, max_length=2000, description=(
+        "A change of the job's configuration that takes effect at this step (as IterationTiming.config_change): "
+        "the job's fail-slow detection starts afresh. None: no change announced."))
 
     @model_validator(mode="after")
     def _columns_align(self) -> "IterationStep":

@@ -14,6 +14,8 @@ Usage in any PyTorch training loop::
     # the loop are marked as checkpoints (instrument_collectives(saves=False) to opt out), so a
     # long save is not taken for a hang; mark any other way of saving yourself:
     #     with mon.checkpoint(step): save(step)
+    # a change of configuration that makes steps slower on purpose (not a fail-slow)
+    #     mon.note_change("sequence length 4k -> 8k")
 
     step = 0
     while step < n_steps:
@@ -195,6 +197,8 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks, SaveHooks):
         self._in_step = False
         self._step_open_at: float | None = None
         self._durations: deque[float] = deque(maxlen=50)
+        self._change: str | None = None  # announced by note_change, for the next step to close
+        self._step_changes: dict[int, str] = {}  # CUDA path: step -> the change its record carries
         self._group_names: dict[int, str] = {}
         self._originals: dict[str, Callable] = {}
         self._dist: Any = None
@@ -338,22 +342,50 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks, SaveHooks):
                                     or ctx.commands):
             self.flush()
 
+    def note_change(self, reason: str) -> None:
+        """Say that the job's configuration changed on purpose: its step time may shift, and that is no fail-slow.
+
+        A new batch size or sequence length, a resize, another parallel
+        layout, a new phase of training: the step in progress, or else the
+        next one, carries ``reason`` (its ``iteration`` event's
+        ``config_change``), and vigil starts the job's fail-slow detection
+        afresh there, judging the steps after it against each other only. A
+        shift nobody announced is still judged. Call it on one rank or on
+        every rank (the job's step counts once). ``reason``, for a human, is
+        cut to 2000 characters; two changes announced before a step closes
+        are both named.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"reason must be a non-empty string, got {reason!r}")
+        with self._lock:
+            self._change = reason if self._change is None else f"{self._change}; {reason}"
+            self._change = self._change[:2000]
+
     def _close_step(self, step: int, start: float, end: float, e0: Any, e1: Any) -> None:
         iv, self._iv = self._iv, []
         self._durations.append(end - start)
+        with self._lock:
+            change, self._change = self._change, None
         if e0 is None or e1 is None:  # CPU path (or the path changed inside the step)
-            self._emit(step, start, end, (start, end), [x for x in iv if not _is_event(x[1])], [], "cpu_wall")
+            self._emit(step, start, end, (start, end), [x for x in iv if not _is_event(x[1])], [], "cpu_wall", change)
             return
         ext, self._external = self._external, []
+        if change is not None:
+            self._step_changes[step] = change
         self._pending.append((step, start, end, e0, e1, iv, ext))
         while len(self._pending) > self.max_pending_steps:
             old = self._pending.popleft()
             self._dropped_steps += 1
             self._buf.append(["dr", 1, "cuda_events_pending", end])
             self._events.release(_events_of(old))
+            lost = self._step_changes.pop(old[0], None)
+            if lost is not None:  # the change still holds: the oldest step left carries it
+                first = self._pending[0][0]
+                later = self._step_changes.get(first)
+                self._step_changes[first] = lost if later is None else f"{lost}; {later}"[:2000]
 
     def _emit(self, step: int, start: float, end: float, span: tuple[float, float], iv: list[list[Any]],
-              external: list[tuple[str | None, float]], source: str) -> None:
+              external: list[tuple[str | None, float]], source: str, change: str | None = None) -> None:
         resolved = []
         for x in iv:
             s_, e_ = x[1], x[2]
@@ -373,8 +405,10 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks, SaveHooks):
                     by_kind[kind] = by_kind.get(kind, 0.0) + sec
             measured = dict(measured, communication_s="external" if not any(x[0] & COLLECTIVE for x in resolved)
                             else measured["communication_s"])
-        self._buf.append(["it", step, start, end, sp.compute_s, comm, self.dp, self.pp, self.tp, sp.wait_s,
-                          by_kind, measured])
+        rec = ["it", step, start, end, sp.compute_s, comm, self.dp, self.pp, self.tp, sp.wait_s, by_kind, measured]
+        if change is not None:  # only then: a node agent before this field reads the twelve
+            rec.append(change)
+        self._buf.append(rec)
 
     def _harvest(self, block: bool = False) -> None:
         """Emit the CUDA path's closed steps whose events have all completed (oldest first; never blocks unless ``block``)."""
@@ -411,7 +445,7 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks, SaveHooks):
             for x, y in zip(iv, dev):
                 if len(x) == 5:
                     y.append([memo[id(m)] for m in x[4]])
-            self._emit(step, start, end, span, dev, ext, "cuda_events")
+            self._emit(step, start, end, span, dev, ext, "cuda_events", self._step_changes.pop(step, None))
             ev.release(events)
 
     @contextmanager

@@ -5,7 +5,7 @@ step boundary (or every ``flush_interval_s``) the list leaves the process as
 one datagram of compact JSON::
 
     {"s": {"cluster": .., "node": .., "job": .., "rank": .., "gpu": ..},
-     "r": [["it", step, start, end, compute_s, comm_s, dp, pp, tp, wait_s, by_kind, measured],
+     "r": [["it", step, start, end, compute_s, comm_s, dp, pp, tp, wait_s, by_kind, measured(, config_change)],
            ["cc", op, group, nbytes, start, end],
            ["ex", category, exc_type, message, traceback, thread, t],
            ["ck", phase, step, t, duration_s],
@@ -14,7 +14,9 @@ one datagram of compact JSON::
            ["fr", t, {trigger, available, ..., groups, entries}]]}
 
 (``it`` records of nine fields, without the last three, are read too: hooks
-before ``wait_s``.)
+before ``wait_s``; a thirteenth, ``config_change``, comes only on the step a
+change of configuration was announced for, so hooks that announce none send
+what a node agent before that field reads.)
 
 Times are seconds since the epoch (``time.time()``). The node batcher
 (:mod:`vigil.producers.training.batching`) turns records into events with
@@ -72,12 +74,15 @@ def records_to_events(source: dict[str, Any], records: Iterable[Sequence[Any]]) 
             kind = rec[0]
             if kind == "it":
                 _, step, start, end, compute_s, comm_s, dp, pp, tp, *more = rec
-                if len(more) == 3:
+                change = None
+                if len(more) == 4:
+                    wait_s, by_kind, measured, change = more
+                elif len(more) == 3:
                     wait_s, by_kind, measured = more
                 elif not more:
                     wait_s = by_kind = measured = None
                 else:
-                    raise ValueError(f"an 'it' record has 9 or 12 fields, got {len(rec)}")
+                    raise ValueError(f"an 'it' record has 9, 12 or 13 fields, got {len(rec)}")
                 events.append(IterationTiming(
                     event_time=from_seconds(end), source=src, step=step, start=from_seconds(start),
                     end=from_seconds(max(end, start)), duration_s=max(0.0, end - start),
@@ -85,7 +90,7 @@ def records_to_events(source: dict[str, Any], records: Iterable[Sequence[Any]]) 
                     communication_s=None if comm_s is None else max(0.0, comm_s), dp=dp, pp=pp, tp=tp,
                     wait_s=None if wait_s is None else max(0.0, wait_s),
                     communication_by_kind={k: max(0.0, v) for k, v in (by_kind or {}).items()},
-                    measured=measured or {},
+                    measured=measured or {}, config_change=change,
                 ))
             elif kind == "fr":
                 _, t, payload = rec

@@ -19,6 +19,17 @@ findings with them (all clear) and their state is dropped; what their
 sources still had in flight (a last step, a last heartbeat, stamped before
 the end) is ignored, and only a newer event starts them again.
 
+Known changes are not failures either: a job's fail-slow detection judges
+its step times against their own past, so at a change of configuration the
+job made on purpose it starts afresh (the detectors named in
+:attr:`EngineParams.afresh_on_change`, re-made, their findings cleared): a
+restart (the fail-slow detector's own ``restarting`` rule), a running job
+whose layout changed (:meth:`DetectionEngine.on_lifecycle`: another size,
+dp/pp/tp, or a node it did not run on; re-planned or resized), and a change
+its training process announced on a step (``config_change``, see
+:meth:`vigil.producers.training.TrainingMonitor.note_change`). A shift with
+no such event is still judged.
+
 Timers: ``silence`` detectors (heartbeat loss, hang) are ticked every tick
 but only once their subject has been quiet past their timeout *as far as
 the worker can tell* (a worker that hears nothing at all is deaf, not the
@@ -80,6 +91,10 @@ class EngineParams:
     plugins: tuple[type[Detector], ...] = ()
     #: The built-in detectors to run.
     builtins: tuple[str, ...] = BUILTIN
+    #: Detectors of a job started afresh at a known change of its configuration (a new layout, a change
+    #: its training process announced): they judge the job against its own past, and a shift the job
+    #: made on purpose is no fail-slow.
+    afresh_on_change: tuple[str, ...] = ("fail_slow",)
     #: Called on each detector class before the engine routes to it, returning the class to use
     #: (``Callable[[type[Detector]], type[Detector]]``): a metrics endpoint times a sample of the
     #: instances (:class:`vigil.streams.metrics.DetectorTimer`). None: the classes as they are.
@@ -89,7 +104,8 @@ class EngineParams:
 class _Key:
     """One job or node: its detectors (made on first input), and what the engine knows of it."""
 
-    __slots__ = ("per", "name", "owner", "cluster", "detectors", "last_arrival", "nodes", "steps", "engine")
+    __slots__ = ("per", "name", "owner", "cluster", "detectors", "last_arrival", "nodes", "steps", "engine",
+                 "changed_step")
 
     def __init__(self, per: str, name: str, cluster: str, engine: "DetectionEngine") -> None:
         self.per = per
@@ -101,6 +117,7 @@ class _Key:
         self.nodes: set[str] = set()  # a job's nodes
         self.steps = StepAssembler() if per == "job" else None
         self.engine = engine
+        self.changed_step: int | None = None  # the step of the last change announced (every rank may say it)
 
     @property
     def key(self) -> str:
@@ -161,6 +178,8 @@ class DetectionEngine:
         self.nodes: dict[str, _Key] = {}
         #: (per, name) -> when it ended or left: what its source stamped before is past
         self._ended: dict[tuple[str, str], float] = {}
+        #: job -> its layout as its states told it: ((GPUs, dp, pp, tp), the nodes named since it last changed)
+        self._layouts: dict[str, tuple[tuple[int, int, int, int], frozenset[str]]] = {}
         self._replaying = False
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
         self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
@@ -287,8 +306,12 @@ class DetectionEngine:
             elif event.source.node:
                 key.nodes.add(event.source.node)
             if isinstance(event, IterationTiming):
+                if event.config_change is not None:
+                    out += self._announced(key, event.step, now)
                 out += self._derived(key, key.steps.on_iteration(event), now)  # type: ignore[union-attr]
             elif isinstance(event, IterationStep):
+                if event.config_change is not None:
+                    out += self._announced(key, event.step, now)
                 out += self._derived(key, key.steps.on_step(event), now)  # type: ignore[union-attr]
         elif per == "node" and etype in self._node_liveness:
             if key is None and stale:
@@ -333,6 +356,47 @@ class DetectionEngine:
                 det.observe(item, t=item.end, context=key)
                 out += self._diff(key, det, now)
         return out
+
+    def _announced(self, key: _Key, step: int, now: float) -> list[DetectorFinding]:
+        """The job's training process announced a change of configuration at ``step``: once per step."""
+        if key.changed_step == step:
+            return []
+        key.changed_step = step
+        return self._afresh(key, now)
+
+    def _afresh(self, key: _Key, now: float) -> list[DetectorFinding]:
+        """Re-make the key's detectors named in ``afresh_on_change``; what they had raised clears."""
+        out: list[DetectorFinding] = []
+        for name in self.params.afresh_on_change:
+            old = key.detectors.get(name)
+            if old is not None:
+                out += self._diff(key, self._make(key, type(old)), now)
+        return out
+
+    def _layout_changed(self, job: str, event: JobState) -> bool:
+        """Learn ``event``'s layout of ``job``; is it a change of the one known (another size or dp/pp/tp,
+        or a node the job was not said to run on)?
+
+        A node agent names only its own node, so the nodes named under one size
+        add up; a state that names no size and no node (a queued job) says
+        nothing of the layout.
+        """
+        nodes = frozenset(event.nodes)
+        if event.gpus == 0 and not nodes:
+            return False
+        sizes = (event.gpus, event.dp, event.pp, event.tp)
+        known = self._layouts.pop(job, None)  # (re-inserted last: the least recently told go first)
+        if known is None:
+            changed, layout = False, (sizes, nodes)
+        elif sizes != known[0]:
+            changed, layout = True, (sizes, nodes or known[1])
+        else:
+            changed, layout = bool(known[1]) and not nodes <= known[1], (sizes, known[1] | nodes)
+        self._layouts[job] = layout
+        if len(self._layouts) > 100_000:  # bounded: jobs that never said they ended
+            for old in list(self._layouts)[:10_000]:
+                del self._layouts[old]
+        return changed
 
     def _new_key(self, per: str, name: str, cluster: str) -> _Key:
         key = self._keys(per)[name] = _Key(per, name, cluster, self)
@@ -437,14 +501,20 @@ class DetectionEngine:
 
     # -- lifecycle ---------------------------------------------------------
     def on_lifecycle(self, event: JobState | NodeState, now: float) -> list[DetectorFinding]:
-        """A job's or a node's state: an end or a clean leave clears and drops it; a restart warms up again."""
+        """A job's or a node's state: an end or a clean leave clears and drops it; a restart warms up again;
+        a new layout of a job starts its ``afresh_on_change`` detectors afresh."""
         at = to_seconds(event.event_time)
         if isinstance(event, JobState) and event.source.job:
             job = event.source.job
             if event.state in JOB_ENDED:
+                self._layouts.pop(job, None)
                 return self._end("job", job, now, at)
+            changed = self._layout_changed(job, event)
             if job in self.jobs:  # its detectors that follow its lifecycle (the hang detector's warm-up)
-                return self._route("job", job, "job_state", event, at, now, {})
+                out = self._route("job", job, "job_state", event, at, now, {})
+                if changed and job in self.jobs:
+                    out += self._afresh(self.jobs[job], now)
+                return out
             return []
         if isinstance(event, NodeState) and event.source.node:
             if event.state in NODE_AWAY:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 
 import pytest
 
@@ -35,21 +36,22 @@ def shape(obj):
 
 def test_the_localizer_section_alone_lands_where_a_full_run_puts_it(tmp_path, small_localizer):
     full_path = tmp_path / "full.json"
-    detectors.run(str(full_path), command="full", **SMALL)
+    detectors.run(str(full_path), **SMALL)
     full = json.loads(full_path.read_text())
     assert set(full["localizer"]["by_class"]) == {"worker", "stage", "link", "spread", "none"}
     assert set(full["localizer"]["by_class_hooks"]) == {"worker", "stage", "link", "spread", "none"}
 
     part_path = tmp_path / "part.json"
     part_path.write_text(json.dumps(dict(full, localizer={"stale": True}, acf={"stale": True})))
-    detectors.run(str(part_path), command="localizer only", sections=["localizer"], **SMALL)
+    detectors.run(str(part_path), sections=["localizer"], **SMALL)
     part = json.loads(part_path.read_text())
     assert set(part) == set(full) | {"refreshed"}
     assert shape(part["localizer"]) == shape(full["localizer"]) and shape(part["acf"]) == shape(full["acf"])
     for key in ("detectors", "floor", "out_of_family", "traces", "command", "load_avg_before"):
         assert part[key] == full[key]  # the other sections, and the full run's own record, as they were
     (refresh,) = part["refreshed"]
-    assert refresh["sections"] == ["localizer"] and refresh["command"] == "localizer only"
+    assert refresh["sections"] == ["localizer"] and "sections=['localizer']" in shlex.split(refresh["command"])[-1]
+    assert part["command"] == full["command"] != refresh["command"]
 
     fresh_path = tmp_path / "fresh.json"  # no file yet: the section alone, the others empty, same keys
     detectors.run(str(fresh_path), sections=["localizer"], **SMALL)
@@ -75,6 +77,7 @@ def test_the_cli_runs_the_sections_it_is_given_and_refuses_others(tmp_path, monk
     seen = {}
     real = detectors.run
 
+    @functools.wraps(real)  # the run's signature, which its reproducing command is built from
     def run(json_path, **kw):
         seen.update(kw)
         return real(json_path, **dict(kw, n_traces=10, n_out_of_family=1, detectors=("bocd",)))

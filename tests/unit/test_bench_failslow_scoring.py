@@ -128,3 +128,29 @@ def test_run_detector_restarts_at_known_events():
     changes, _ = run_detector(make, _trace(n=50), events=[20])
     assert len(made) == 2
     assert changes == [(5, 5, "fail_slow"), (25, 25, "fail_slow")]  # onsets in the trace's indices
+
+
+def test_targets_over_the_interval_use_its_far_end():
+    from vigil.bench.detectors import targets_over_interval
+
+    met = {"accuracy_ci": [0.995, 1.0], "fpr_ci": [0.0, 0.0], "fnr_ge10_ci": [0.0, 0.01],
+           "delay_median_ge20_ci": [3.0, 5.0]}
+    assert set(targets_over_interval(met).values()) == {True}  # every bound reached exactly at the far end
+    short = {"accuracy_ci": [0.994, 1.0], "fpr_ci": [0.0, 0.001], "fnr_ge10_ci": [0.0, 0.0101],
+             "delay_median_ge20_ci": [3.0, 5.5]}
+    assert set(targets_over_interval(short).values()) == {False}
+    assert set(targets_over_interval({"accuracy_ci": None, "fpr_ci": None, "fnr_ge10_ci": None,
+                                      "delay_median_ge20_ci": None}).values()) == {None}
+
+
+def test_a_perfect_score_on_two_traces_meets_the_targets_only_at_the_point():
+    from vigil.bench.detectors import _targets, targets_over_interval
+
+    m = evaluate(lambda: _Scripted([400], 2), [SLOW, _trace(n=300)])  # (the clean one ends before 400)
+    assert m["accuracy"] == 1.0 and m["fpr"] == 0.0 and m["fnr_ge10"] == 0.0 and m["delay_median_ge20"] == 2
+    assert set(_targets(m).values()) == {True}
+    # Wilson 95 % on 2 of 2 correct: lower end 0.342; 0 of 1 clean alarmed: upper end 0.793
+    assert m["accuracy_ci"][0] == pytest.approx(0.3424, abs=1e-4)
+    over = targets_over_interval(m)
+    assert over == {"accuracy_ge_0.995": False, "fpr_eq_0": False, "fnr_ge10_le_0.01": False,
+                    "delay_median_ge20_le_5": True}  # one delay of 2: its bootstrap interval is [2, 2]

@@ -436,3 +436,26 @@ def test_bench_planners_tiny(tmp_path):
     assert written["command"].startswith("python -c 'from vigil.bench.planners import run; run(")
     assert "microbatch_headline=16" in written["command"]
     assert len(format_table(result)) == 4
+    # one call per timing: its n, and no 95 % interval (6 calls at least)
+    assert {k: v["n"] for k, v in written["intervals"].items()} == {
+        "microbatch_512_ms": 1, "waf_100jobs_10k_ms": 1, "placement_512of1024_ms": 1}
+    assert all(v["ms_ci95"] is None for v in written["intervals"].values())
+    assert all(v is None for v in written["targets_met_over_interval"].values())
+    assert all(r["n"] == 1 and len(r["runs_ms"]) == 1 for r in d["microbatch"] + d["waf"] + d["placement"])
+
+
+def test_bench_planners_timings_have_their_interval():
+    from vigil.bench.planners import run
+
+    result = run(None, repeats=6, microbatch_groups=(8,), microbatch_headline=8, waf_sizes=((3, 80),),
+                 waf_headline=(3, 80), waf_max_size_nodes=6, waf_gpu_units=False, placement_sizes=((8, 64, 2),),
+                 placement_headline=(8, 64, 2), quality_seeds=1)
+    d = result["detail"]
+    for row in d["microbatch"] + d["waf"] + d["placement"]:
+        runs = row["runs_ms"]
+        assert row["n"] == len(runs) == 6 and row["ci_coverage"] == 0.9688  # 6 runs: [min, max]
+        assert row["ms_ci95"] == [min(runs), max(runs)]
+    for key, iv in result["intervals"].items():
+        lo, hi = iv["ms_ci95"]
+        assert iv["n"] == 6 and lo <= result[key] <= hi
+        assert result["targets_met_over_interval"][key] == (hi <= result["detail"]["targets_ms"][key])

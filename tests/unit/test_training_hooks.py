@@ -172,3 +172,93 @@ def test_datagram_sink_without_batcher_keeps_records_and_reports_drops(tmp_path)
     drops = [e for e in published if isinstance(e, EventsDropped)]
     assert [(d.count, d.reason) for d in drops] == [(2, "hook_buffer_full")]
     assert sorted(e.step for e in published if isinstance(e, IterationTiming)) == [2, 3, 4, 5]
+
+
+# -- a change of configuration announced by the training process ------------------------------------------------------
+
+class RecordSink:
+    """The raw records as they leave the process (what a node agent reads)."""
+
+    def __init__(self) -> None:
+        self.records: list = []
+        self.source: dict = {}
+
+    def send(self, source, records, urgent=False):
+        self.source = source
+        self.records += records
+
+    def close(self):
+        pass
+
+
+def test_a_change_announced_between_steps_rides_on_the_next_step_only():
+    clock = FakeClock()
+    mon, got = make(clock, flush_interval_s=0.0)
+    for step in range(4):
+        if step == 2:
+            mon.note_change("sequence length 4k -> 8k")
+        with mon.step(step):
+            clock.t += 1.0
+    its = {e.step: e.config_change for e in got if isinstance(e, IterationTiming)}
+    assert its == {0: None, 1: None, 2: "sequence length 4k -> 8k", 3: None}
+
+
+def test_a_change_announced_inside_a_step_rides_on_that_step_and_two_are_both_named():
+    clock = FakeClock()
+    mon, got = make(clock, flush_interval_s=0.0)
+    with mon.step(0):
+        mon.note_change("dp 8 -> 16")
+        mon.note_change("global batch 2M tokens")
+        clock.t += 1.0
+    with mon.step(1):
+        clock.t += 1.0
+    assert [e.config_change for e in got] == ["dp 8 -> 16; global batch 2M tokens", None]
+
+
+def test_a_long_reason_is_cut_and_an_empty_one_refused():
+    mon, got = make(FakeClock(), flush_interval_s=0.0)
+    with pytest.raises(ValueError, match="reason"):
+        mon.note_change("  ")
+    with pytest.raises(ValueError, match="reason"):
+        mon.note_change(None)  # type: ignore[arg-type]
+    mon.note_change("x" * 5000)
+    with mon.step(0):
+        pass
+    assert got[0].config_change == "x" * 2000
+
+
+def test_a_step_with_no_change_leaves_as_the_twelve_fields_an_older_agent_reads():
+    from vigil.producers.training.wire import records_to_events
+
+    clock = FakeClock()
+    sink = RecordSink()
+    mon = TrainingMonitor(sink, job="j", rank=0, node="n1", clock=clock, flush_interval_s=0.0)
+    with mon.step(0):
+        clock.t += 1.0
+    mon.note_change("resized")
+    with mon.step(1):
+        clock.t += 1.0
+    its = [r for r in sink.records if r[0] == "it"]
+    assert [len(r) for r in its] == [12, 13]
+    events, errors = records_to_events(sink.source, its + [its[0][:9]])  # and one from hooks before wait_s
+    assert errors == [] and [e.config_change for e in events] == [None, "resized", None]
+    _, errors = records_to_events(sink.source, [its[1] + ["extra"]])
+    assert errors and "13 fields" in errors[0]
+
+
+def test_on_the_cuda_path_the_change_waits_with_its_step_and_survives_a_dropped_step():
+    from vigil.sim.fake_cuda import FakeCuda
+
+    dev = FakeCuda()
+    got: list = []
+    mon = TrainingMonitor(CallbackSink(got.extend), job="j", rank=0, clock=dev.clock, timing="cuda", events=dev,
+                          flush_interval_s=0.0, max_pending_steps=2)
+    for step in range(5):  # the device far behind: steps 0..2 are dropped, 3 and 4 wait
+        if step == 1:
+            mon.note_change("pp 2 -> 4")
+        with mon.step(step):
+            dev.kernel(10.0)
+    dev.sync_host()
+    mon.flush()
+    its = {e.step: e.config_change for e in got if isinstance(e, IterationTiming)}
+    assert its == {3: "pp 2 -> 4", 4: None}  # step 1's change passed on to the oldest step left

@@ -35,7 +35,9 @@ def reproducing_command(run: Callable[..., Any], arguments: Mapping[str, Any], c
         The command, e.g. ``"vigil bench planners"``.
     options : mapping
         ``run`` parameter -> its CLI option: ``"--repeats"``, or ``"--scale/--no-scale"`` for a flag.
-        ``json_path`` is always ``--json``.
+        ``json_path`` is always ``--json``. A sequence is written comma-separated
+        (``--seeds 2,3``; ``''`` when empty), or once per element when its
+        option ends with ``...`` (``"--only..."`` gives ``--only a --only b``).
 
     Examples
     --------
@@ -46,6 +48,10 @@ def reproducing_command(run: Callable[..., Any], arguments: Mapping[str, Any], c
     'vigil bench x --json out/r.json --repeats 3 --no-scale'
     >>> print(reproducing_command(run, {"json_path": "r.json", "repeats": 3, "sizes": [4]}, "vigil bench x", opts))
     python -c 'from ... import run; run(json_path='"'"'r.json'"'"', repeats=3, sizes=[4])'
+    >>> reproducing_command(run, {"sizes": (1, 2, 3)}, "vigil bench x", {"sizes": "--sizes"})
+    'vigil bench x --sizes 1,2,3'
+    >>> reproducing_command(run, {"sizes": ("a b", "c")}, "vigil bench x", {"sizes": "--only..."})
+    "vigil bench x --only 'a b' --only c"
     """
     params = inspect.signature(run).parameters
     unknown = set(arguments) - set(params)
@@ -67,6 +73,12 @@ def reproducing_command(run: Callable[..., Any], arguments: Mapping[str, Any], c
             if not off:
                 raise ValueError(f"{name} is a flag: give its option as '--x/--no-x', got {option!r}")
             parts.append(on if value else off)
+        elif isinstance(value, (list, tuple)):
+            if option.endswith("..."):
+                for item in value:
+                    parts += [option[:-3], shlex.quote(str(item))]
+            else:
+                parts += [option, shlex.quote(",".join(str(item) for item in value))]
         elif value is not None:
             parts += [option, shlex.quote(str(value))]
     return " ".join(parts)

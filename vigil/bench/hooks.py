@@ -110,6 +110,7 @@ from pathlib import Path
 from typing import Any
 
 from vigil.bench.abtest import ab_overhead
+from vigil.bench.command import reproducing_command
 from vigil.bench.hooks_workload import WorkloadResult, _free_port, _Tee, flush_interval, run_workload  # noqa: F401 - re-exported
 
 __all__ = ["WorkloadResult", "ab_overhead", "headline", "run", "run_workload"]
@@ -326,10 +327,17 @@ def default_world() -> tuple[int, list[int] | None]:
     return world, (cores[:world] if len(cores) >= world else None)
 
 
+#: ``run`` arguments that ``vigil bench hooks`` takes, and its options.
+CLI_OPTIONS = {"steps": "--steps", "block": "--block", "acf_steps": "--acf-steps", "world": "--world",
+               "pin": "--pin/--no-pin", "real_steps": "--real-steps", "real_block": "--real-block",
+               "real_hidden": "--real-hidden", "real_batch": "--real-batch", "seed": "--seed",
+               "agent_seconds": "--agent-seconds"}
+
+
 def run(json_path: str | os.PathLike, *, steps: int = 1600, block: int = 20, world: int | None = None,
         hidden: int = 256, batch: int = 64, acf_steps: int = 400, agent_seconds: float = 20.0, real_steps: int = 300,
         real_block: int = 6, real_hidden: int = 512, real_batch: int = 768, seed: int = 0, pin: bool = True,
-        bootstrap: str | None = None, progress: Any = None, command: str | None = None) -> dict[str, Any]:
+        bootstrap: str | None = None, progress: Any = None) -> dict[str, Any]:
     """Run the whole benchmark; write JSON to ``json_path`` and return it.
 
     ``steps``/``block``/``hidden``/``batch``: the default (short) step's
@@ -338,8 +346,11 @@ def run(json_path: str | os.PathLike, *, steps: int = 1600, block: int = 20, wor
     (``real_steps=0`` skips it; the headline then comes from the short
     step); ``seed``: the bootstrap's. ``world`` defaults to one rank per
     usable core, each pinned to its core (``pin``) when there are enough.
-    ``command``: how the run was started (recorded in the JSON).
+    The JSON's ``command`` reproduces the run: the ``vigil bench hooks`` line
+    with every option spelled out, or the Python call when an argument that
+    command does not take (``hidden``, ``batch``, ``bootstrap``) was changed.
     """
+    command = reproducing_command(run, dict(locals()), "vigil bench hooks", CLI_OPTIONS)
     from vigil.producers.publisher import Publisher
     from vigil.producers.training import NodeBatcher
     from vigil.streams.kafka import ensure_topics
@@ -470,8 +481,7 @@ def main(argv: list[str] | None = None) -> None:
                  acf_steps=a.acf_steps, agent_seconds=a.agent_seconds, real_steps=a.real_steps,
                  real_block=a.real_block, real_hidden=a.real_hidden, real_batch=a.real_batch, seed=a.seed,
                  pin=not a.no_pin, bootstrap=os.environ.get("VIGIL_KAFKA_BOOTSTRAP") or None,
-                 progress=lambda what: print(what, file=sys.stderr, flush=True),
-                 command="python -m vigil.bench.hooks " + " ".join(sys.argv[1:] if argv is None else argv))
+                 progress=lambda what: print(what, file=sys.stderr, flush=True))
     print(json.dumps({k: result[k] for k in ("overhead_pct", "overhead_ci95", "overhead_target_met", "acf_rel_error",
                                             "agent_cpu_pct")}))
 

@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
     import json
     import os
+    import shlex
     from pathlib import Path
 
     ap = argparse.ArgumentParser(prog="python -m vigil.bench.localization", description=__doc__.split("\n")[0])
@@ -310,8 +311,9 @@ def main(argv: list[str] | None = None) -> None:
     load0 = os.getloadavg()
     res = score_localizer(a.seed, n_cases=a.cases, one_reporter_cases=a.one_reporter_cases)
     res["loadavg_before"], res["loadavg_after"] = [round(x, 2) for x in load0], [round(x, 2) for x in os.getloadavg()]
-    res["command"] = ("python -m vigil.bench.localization" + (f" --json {a.json}" if a.json else "")
-                      + f" --seed {a.seed} --cases {a.cases} --one-reporter-cases {a.one_reporter_cases}")
+    res["command"] = shlex.join(["python", "-m", "vigil.bench.localization", *(["--json", a.json] if a.json else []),
+                                 "--seed", str(a.seed), "--cases", str(a.cases),
+                                 "--one-reporter-cases", str(a.one_reporter_cases)])
     text = json.dumps(res, indent=2, default=str)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,7 @@ import gc
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -54,6 +55,7 @@ from typing import Any, Callable
 
 from confluent_kafka import Producer
 
+from vigil.bench.command import reproducing_command
 from vigil.bench.machine import machine_info, measured
 from vigil.broker import TansuBroker, die_with_parent, find_tansu
 from vigil.schemas import Alert, decode, topic_name
@@ -688,10 +690,18 @@ def project(capacity: list[dict[str, Any]], max_gpus: int | None, sizes: tuple[i
 
 
 # -- the whole benchmark -------------------------------------------------------------------------------------------
+#: ``run`` arguments that ``vigil bench pipeline`` takes, and its options.
+CLI_OPTIONS = {"load_gpus": "--load-gpus", "workers": "--workers", "faults_per_kind": "--faults-per-kind",
+               "throughput_workers": "--throughput-workers", "throughput_gpus": "--throughput-gpus",
+               "throughput_seconds": "--throughput-seconds", "seed": "--seed",
+               "stop_at_first_miss": "--stop-at-first-miss/--keep-going"}
+
+
 def run(json_path: str | None, load_gpus: tuple[int, ...] = (2000, 5000, 10_000, 25_000, 50_000), workers: int = 1,
         faults_per_kind: int = 100, throughput_workers: tuple[int, ...] = (1, 2), throughput_gpus: int = 25_000,
         throughput_seconds: float = 120.0, seed: int = 0, stop_at_first_miss: bool = True,
-        command: str | None = None, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+        progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    command = reproducing_command(run, dict(locals()), "vigil bench pipeline", CLI_OPTIONS)
     started = time.time()
     result: dict[str, Any] = {"command": command, "throughput": {}, "throughput_detail": {}, "capacity": []}
     with measured(result.setdefault("machine", {})):
@@ -720,11 +730,13 @@ def _write(json_path: str | None, result: dict[str, Any], started: float) -> Non
         Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
 
 
-def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list[str] | None = None) -> dict[str, Any]:
+def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list[str] | None = None,
+          merge_command: str | None = None) -> dict[str, Any]:
     """One result from several runs of :func:`run` (each short enough to hold a shared machine's benchmark
     lock): their throughputs and capacity points (a later part's point replaces an earlier one of the
     same load), the largest load meeting every target and the projection recomputed; each part's command,
-    machine and load average kept under ``parts``; ``wall_s`` the sum of theirs."""
+    machine and load average kept under ``parts``; ``wall_s`` the sum of theirs. ``merge_command``: the
+    line that merged them (``python -m vigil.bench.pipeline merge ...``), kept beside the parts' commands."""
     result: dict[str, Any] = {"command": [p.get("command") for p in parts], "throughput": {},
                               "throughput_detail": {}, "capacity": []}
     points: dict[int, dict[str, Any]] = {}
@@ -742,6 +754,8 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
     result["parts"] = [{"command": p.get("command"), "machine": p.get("machine"), "wall_s": p.get("wall_s")}
                        for p in parts]
     result["wall_s"] = round(sum(p.get("wall_s") or 0.0 for p in parts), 1)
+    if merge_command is not None:
+        result["merge_command"] = merge_command
     if notes:
         result["notes"] = list(notes)
     if json_path is not None:
@@ -751,6 +765,11 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
 
 
 # -- in one process: the detect stage's CPU per record, and where it goes ----------------------------------------------
+#: ``inprocess`` arguments that ``python -m vigil.bench.pipeline inprocess`` takes, and its options.
+INPROCESS_OPTIONS = {"gpus": "--gpus", "seconds": "--seconds", "warmup_s": "--warmup-seconds", "repeats": "--repeats",
+                     "profile_lines": "--profile-lines"}
+
+
 def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats: int = 3, profile_lines: int = 0,
               json_path: str | None = None, warmup_s: float = 5.0) -> dict[str, Any]:
     """CPU seconds per record of the detect stage alone (decode, engine, detectors, timers) on the
@@ -760,8 +779,11 @@ def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats:
     figure: the least disturbed by the rest of the machine). The first ``warmup_s`` of the cluster's
     telemetry builds the state (every job's and node's detectors) untimed, and what survived it is then
     frozen out of the collector's sight as the worker does (``gc.freeze``): the figure is the steady
-    state's, the profile too.
+    state's, the profile too. The result's ``command`` reproduces it (``python -m vigil.bench.pipeline
+    inprocess ...``, or the Python call when ``seed``, which that command does not take, was changed).
     """
+    command = reproducing_command(inprocess, dict(locals()), "python -m vigil.bench.pipeline inprocess",
+                                  INPROCESS_OPTIONS)
     import cProfile
     import io
     import pstats
@@ -804,8 +826,8 @@ def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats:
         gc.collect()
         return took
 
-    out: dict[str, Any] = {"gpus": gpus, "cluster_seconds": seconds, "warmup_s": warm, "records": records,
-                           "messages": len(msgs) - first}
+    out: dict[str, Any] = {"command": command, "gpus": gpus, "cluster_seconds": seconds, "warmup_s": warm,
+                           "records": records, "messages": len(msgs) - first}
     with measured(out.setdefault("machine", {})):
         cpu = [once() for _ in range(repeats)]
     best = min(cpu)
@@ -896,7 +918,9 @@ def main(argv: list[str] | None = None) -> None:
     mg.add_argument("--note", action="append", default=[], help="a line of explanation kept in the JSON")
     args = parser.parse_args(argv)
     if args.cmd == "merge":
-        merged = merge([json.loads(p.read_text()) for p in args.parts], args.json_path, args.note)
+        line = shlex.join(["python", "-m", "vigil.bench.pipeline", "merge", *map(str, args.parts),
+                           "--json", str(args.json_path), *(a for n in args.note for a in ("--note", n))])
+        merged = merge([json.loads(p.read_text()) for p in args.parts], args.json_path, args.note, merge_command=line)
         print(json.dumps({k: merged[k] for k in ("throughput", "max_gpus_per_worker_meeting_targets", "wall_s")}))
     elif args.cmd == "worker":
         _worker_main(args.ready_file, args.stats_file)

@@ -2,7 +2,9 @@
 
 Every timing is the median wall time (``time.perf_counter``, one core, the
 whole public function including input validation) of ``repeats`` calls on
-the same seeded instance.
+the same seeded instance, with its ``n`` and its distribution-free 95 %
+interval from the order statistics (``ms_ci95``; None below 6 calls: see
+:func:`vigil.bench.intervals.median_interval`) and every call's time.
 
 Instances
 ---------
@@ -29,6 +31,9 @@ Instances
 
 Result keys: ``microbatch_512_ms``, ``waf_100jobs_10k_ms``,
 ``placement_512of1024_ms``, ``placement_spread_vs_best_baseline``,
+``intervals`` (each headline timing's ``n``, ``ms_ci95`` and coverage),
+``targets_met`` (the medians against :data:`TARGETS_MS`) and
+``targets_met_over_interval`` (the interval's upper end against them),
 ``command`` (what reproduces the result: the ``vigil bench planners`` line, or
 the Python call when an argument the command does not take was changed) and
 ``detail`` (the sweeps, per-seed quality, targets, and the machine with its
@@ -63,6 +68,7 @@ from vigil.actuators.planners import (
 )
 from vigil.actuators.planners.placement import Placement
 from vigil.bench.command import reproducing_command
+from vigil.bench.intervals import median_interval
 from vigil.bench.machine import measured
 
 __all__ = ["run", "microbatch_instance", "waf_instance", "fragmented_cluster", "format_table", "quality_row",
@@ -123,14 +129,23 @@ def fragmented_cluster(nodes: int, seed: int = 0, need: int = 0) -> list[list[in
             return out
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[dict[str, Any], Any]:
+    """``({"ms", "n", "ms_ci95", "ci_coverage", "runs_ms"}, the last result)`` of ``repeats`` calls.
+
+    ``ms`` is the median; ``ms_ci95`` its distribution-free interval from the
+    order statistics (:func:`vigil.bench.intervals.median_interval`), None
+    below 6 calls.
+    """
     times = []
     result = None
     for _ in range(repeats):
         t0 = time.perf_counter()
         result = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3, result
+        times.append((time.perf_counter() - t0) * 1e3)
+    ci = median_interval(times)
+    return {"ms": statistics.median(times), "n": len(times),
+            "ms_ci95": None if ci is None else [ci["lo"], ci["hi"]],
+            "ci_coverage": None if ci is None else ci["coverage"], "runs_ms": times}, result
 
 
 def _layout(job_nodes: int, pp: int) -> tuple[int, int]:
@@ -182,43 +197,43 @@ def _measure(*, repeats: int, seed: int, microbatch_groups: Sequence[int], micro
     mb_rows = []
     for n in sorted(set(microbatch_groups) | {microbatch_headline}):
         times, total = microbatch_instance(n, seed)
-        ms, plan = _median_ms(lambda t=times, m=total: rebalance_microbatches(t, m), repeats)
-        mb_rows.append({"groups": n, "total": total, "ms": ms, "makespan_s": plan.makespan,
+        timed, plan = _median_ms(lambda t=times, m=total: rebalance_microbatches(t, m), repeats)
+        mb_rows.append({"groups": n, "total": total, **timed, "makespan_s": plan.makespan,
                         "even_split_makespan_s": max(times) * (total // n)})
     detail["microbatch"] = mb_rows
-    mb_head = next(r["ms"] for r in mb_rows if r["groups"] == microbatch_headline)
+    mb_head = next(r for r in mb_rows if r["groups"] == microbatch_headline)
 
     say("multi-job re-planning")
     waf_rows = []
     for jobs, gpus in sorted(set(waf_sizes) | {tuple(waf_headline)}):
         nodes = gpus // GPUS_PER_NODE
         inst = waf_instance(jobs, nodes, waf_max_size_nodes, seed)
-        ms, plan = _median_ms(lambda j=inst, n=nodes: plan_workers(j, n, 3600.0, 300.0), repeats)
+        timed, plan = _median_ms(lambda j=inst, n=nodes: plan_workers(j, n, 3600.0, 300.0), repeats)
         waf_rows.append({"jobs": jobs, "gpus": gpus, "unit": "node", "workers": nodes,
-                         "max_table": waf_max_size_nodes, "ms": ms, "used": plan.used, "kept": plan.kept})
+                         "max_table": waf_max_size_nodes, **timed, "used": plan.used, "kept": plan.kept})
     detail["waf"] = waf_rows
-    waf_head = next(r["ms"] for r in waf_rows if (r["jobs"], r["gpus"]) == tuple(waf_headline))
+    waf_head = next(r for r in waf_rows if (r["jobs"], r["gpus"]) == tuple(waf_headline))
     if waf_gpu_units:
         say("multi-job re-planning in GPU units")
         jobs, gpus = waf_headline
         inst_gpu = waf_instance(jobs, gpus // GPUS_PER_NODE, waf_max_size_nodes, seed, scale=GPUS_PER_NODE)
-        ms, plan = _median_ms(lambda: plan_workers(inst_gpu, gpus, 3600.0, 300.0), max(1, min(3, repeats)))
+        timed, plan = _median_ms(lambda: plan_workers(inst_gpu, gpus, 3600.0, 300.0), repeats)
         detail["waf_gpu_units"] = {"jobs": jobs, "gpus": gpus, "unit": "gpu", "workers": gpus,
-                                   "max_table": waf_max_size_nodes * GPUS_PER_NODE, "ms": ms, "used": plan.used}
+                                   "max_table": waf_max_size_nodes * GPUS_PER_NODE, **timed, "used": plan.used}
 
     say("placement")
     pl_rows = []
     for job_nodes, cluster_nodes, pp in list(dict.fromkeys([*placement_sizes, tuple(placement_headline)])):
         dp, pp = _layout(job_nodes, pp)
         pods = fragmented_cluster(cluster_nodes, seed, need=dp * pp)
-        ms, p = _median_ms(lambda f=pods, a=dp, b=pp: place_job(f, a, b), max(1, min(5, repeats)))
+        timed, p = _median_ms(lambda f=pods, a=dp, b=pp: place_job(f, a, b), repeats)
         pl_rows.append({"job_nodes": dp * pp, "cluster_nodes": cluster_nodes, "dp": dp, "pp": pp,
-                        "minipods": len(pods), "free_nodes": sum(map(len, pods)), "ms": ms,
+                        "minipods": len(pods), "free_nodes": sum(map(len, pods)), **timed,
                         "optimal": p.optimal, "dp_spread": p.dp_spread, "pp_splits": p.pp_splits})
     detail["placement"] = pl_rows
     hj, hc, hpp = placement_headline
     hdp, hpp = _layout(hj, hpp)
-    pl_head = next(r["ms"] for r in pl_rows if (r["job_nodes"], r["cluster_nodes"], r["pp"]) == (hdp * hpp, hc, hpp))
+    pl_head = next(r for r in pl_rows if (r["job_nodes"], r["cluster_nodes"], r["pp"]) == (hdp * hpp, hc, hpp))
 
     say("placement quality")
     quality = []
@@ -242,11 +257,15 @@ def _measure(*, repeats: int, seed: int, microbatch_groups: Sequence[int], micro
     detail["targets_ms"] = TARGETS_MS
     detail["repeats"] = repeats
     detail["seed"] = seed
+    heads = {"microbatch_512_ms": mb_head, "waf_100jobs_10k_ms": waf_head, "placement_512of1024_ms": pl_head}
     result = {
-        "microbatch_512_ms": mb_head,
-        "waf_100jobs_10k_ms": waf_head,
-        "placement_512of1024_ms": pl_head,
+        **{k: r["ms"] for k, r in heads.items()},
         "placement_spread_vs_best_baseline": detail["placement_quality"]["ratio_median"],
+        "intervals": {k: {"n": r["n"], "ms_ci95": r["ms_ci95"], "ci_coverage": r["ci_coverage"]}
+                      for k, r in heads.items()},
+        "targets_met": {k: r["ms"] <= TARGETS_MS[k] for k, r in heads.items()},
+        "targets_met_over_interval": {k: None if r["ms_ci95"] is None else r["ms_ci95"][1] <= TARGETS_MS[k]
+                                      for k, r in heads.items()},
         "detail": detail,
     }
     detail["elapsed_s"] = time.perf_counter() - t_start
@@ -327,13 +346,19 @@ def format_table(result: dict[str, Any]) -> list[tuple[str, str, str]]:
     def fmt(v: float | None, unit: str = "ms") -> str:
         return "-" if v is None else f"{v:,.2f} {unit}"
 
+    def timing(key: str) -> str:
+        iv = (result.get("intervals") or {}).get(key) or {}
+        ci = iv.get("ms_ci95")
+        return fmt(result[key]) + (f" [{ci[0]:,.2f}, {ci[1]:,.2f}]" if ci else "") + \
+            (f", n {iv['n']}" if iv.get("n") is not None else "")
+
     return [
-        (f"micro-batch rebalancing, {h['microbatch']['groups']} DP groups", fmt(result["microbatch_512_ms"]),
+        (f"micro-batch rebalancing, {h['microbatch']['groups']} DP groups", timing("microbatch_512_ms"),
          "<= 10 ms"),
         (f"re-planning, {h['waf']['jobs']} jobs on {h['waf']['gpus']:,} GPUs ({h['waf']['workers']:,} nodes)",
-         fmt(result["waf_100jobs_10k_ms"]), "<= 100 ms"),
+         timing("waf_100jobs_10k_ms"), "<= 100 ms"),
         ((f"placement, {h['placement']['job_nodes']} of {h['placement']['cluster_nodes']} nodes "
-          f"(dp {h['placement']['dp']} x pp {h['placement']['pp']})"), fmt(result["placement_512of1024_ms"]), "<= 1 s"),
+          f"(dp {h['placement']['dp']} x pp {h['placement']['pp']})"), timing("placement_512of1024_ms"), "<= 1 s"),
         ("placement: best baseline objective / ours (median)", fmt(result["placement_spread_vs_best_baseline"], "x"),
          "Arnold: up to 1.67x"),
     ]

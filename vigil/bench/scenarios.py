@@ -12,7 +12,8 @@ observation that did not come (or came too late).
 
 JSON: ``{"scenarios": {NAME: {"passed", "expected", "observed", "false_pages",
 "missed", "wall_s"}}, "passed", "total", "false_pages", "missed", "wall_s",
-"machine"}``.
+"machine", "command"}``: ``machine`` with the load average before and after,
+``command`` what reproduces the run.
 """
 
 from __future__ import annotations
@@ -583,12 +584,23 @@ def run_scenario(name: str, bootstrap: str, root: Path) -> dict[str, Any]:
     return out
 
 
+#: ``run`` arguments that ``vigil bench scenarios`` takes, and its options (``--only`` once per scenario).
+CLI_OPTIONS = {"names": "--only..."}
+
+
 def run(json_path: str | None, names: tuple[str, ...] | None = None, bootstrap: str | None = None,
         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Run the scenarios (all by default) on a broker of their own (or ``bootstrap``); write JSON."""
+    """Run the scenarios (all by default) on a broker of their own (or ``bootstrap``); write JSON.
+
+    The JSON's ``command`` reproduces the run: ``vigil bench scenarios`` with
+    each scenario named (``--only``), or the Python call when ``bootstrap``
+    was given.
+    """
+    from vigil.bench.command import reproducing_command
     from vigil.bench.machine import machine_info
     from vigil.broker import TansuBroker, find_tansu
 
+    command = reproducing_command(run, dict(locals()), "vigil bench scenarios", CLI_OPTIONS)
     started = time.monotonic()
     load_before = os.getloadavg()
     names = names or tuple(SCENARIOS)
@@ -611,8 +623,7 @@ def run(json_path: str | None, names: tuple[str, ...] | None = None, bootstrap: 
            "missed": sum(r["missed"] for r in results.values()), "wall_s": round(time.monotonic() - started, 1),
            "machine": {**machine_info(), "load_before": [round(x, 2) for x in load_before],
                        "load_after": [round(x, 2) for x in os.getloadavg()]},
-           "command": "vigil bench scenarios" + "".join(f" --only {n}" for n in (names if len(names) < len(SCENARIOS) else ()))
-           + " --json " + (json_path or "-")}
+           "command": command}
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(out, indent=1) + "\n")

@@ -14,14 +14,17 @@ from vigil.cli.common import bench_app, console, err_console, fail, print_table,
 @bench_app.command("detectors")
 def bench_detectors(
     json_path: Path = typer.Option(Path("bench/results/detectors.json"), "--json", help="Where to write the results."),
-    traces: int = typer.Option(500, min=10, help="Labelled fail-slow traces per evaluation seed (half clean)."),
+    n_traces: int = typer.Option(500, "--traces", min=10, help="Labelled fail-slow traces per evaluation seed "
+                                                              "(half clean)."),
     tuning_seeds: str = typer.Option("0", help="Seeds the tuned detectors were tuned on (comma-separated); "
                                                "the references of the general section are tuned on them."),
     evaluation_seeds: str = typer.Option("2,3", help="Seeds every figure is reported on (comma-separated), "
                                                      "disjoint from the tuning seeds."),
-    out_of_family: int = typer.Option(50, min=1, help="Out-of-family fail-slow cases per family and seed."),
+    n_out_of_family: int = typer.Option(50, "--out-of-family", min=1,
+                                        help="Out-of-family fail-slow cases per family and seed."),
     general: bool = typer.Option(True, help="Run the general change-point section (needs ruptures)."),
-    per_family: int = typer.Option(70, min=5, help="General series per family and evaluation seed."),
+    n_general_per_family: int = typer.Option(70, "--per-family", min=5,
+                                             help="General series per family and evaluation seed."),
     sections: str = typer.Option("failslow,out_of_family,localizer,general", "--sections",
                                  help="Sections to run, comma-separated (failslow, out_of_family, localizer, general); "
                                       "run into an existing --json file, they replace only their own part of it."),
@@ -37,12 +40,11 @@ def bench_detectors(
     Binseg and PELT, "zero" and BOCPD on ten families of series with
     simulated annotators. Also the straggler localizer's accuracy and the
     ACF iteration-period error. Writes JSON (with the machine's load before
-    and after, and this command) and prints tables. ``--sections localizer``
-    refreshes the localizer's part of an existing result alone.
+    and after, and the command that reproduces it, every option spelled out)
+    and prints tables. ``--sections localizer`` refreshes the localizer's part
+    of an existing result alone.
     """
     require_server("bench detectors")
-    import sys
-
     from vigil.bench.detectors import SECTIONS, run
 
     chosen = [x.strip() for x in sections.split(",") if x.strip()]
@@ -55,12 +57,12 @@ def bench_detectors(
         except ValueError:
             fail(f"seeds must be comma-separated integers, got {text!r}")
 
-    command = " ".join(["vigil"] + sys.argv[1:])
     with console.status("generating traces...") as status:
         try:
-            result = run(str(json_path), n_traces=traces, tuning_seeds=seeds(tuning_seeds),
-                         evaluation_seeds=seeds(evaluation_seeds), n_out_of_family=out_of_family, general=general,
-                         n_general_per_family=per_family, command=command, sections=chosen,
+            result = run(str(json_path), n_traces=n_traces, tuning_seeds=seeds(tuning_seeds),
+                         evaluation_seeds=seeds(evaluation_seeds), n_out_of_family=n_out_of_family, general=general,
+                         n_general_per_family=n_general_per_family,
+                         sections=chosen,
                          progress=lambda what: status.update(f"scoring {what}..."))
         except ValueError as exc:
             fail(str(exc))
@@ -124,7 +126,9 @@ def bench_pipeline(
     throughput_seconds: float = typer.Option(120.0, "--throughput-seconds", min=10,
                                              help="Seconds of that cluster's telemetry in the backlog."),
     seed: int = typer.Option(0, help="Seed of the cluster and its faults."),
-    keep_going: bool = typer.Option(False, "--keep-going", help="Run every point, not only up to the first that misses."),
+    stop_at_first_miss: bool = typer.Option(True, "--stop-at-first-miss/--keep-going",
+                                            help="Stop after the first point that misses a target (--keep-going: "
+                                                 "run every point)."),
 ) -> None:
     """Alert latency while workers carry a large cluster's telemetry; capacity; throughput on a backlog.
 
@@ -138,21 +142,19 @@ def bench_pipeline(
     and a projection for 100k and 1M GPUs. A point takes about 12 minutes
     (node losses are spaced 6.5 s apart). Writes JSON and prints a table.
     """
-    import shlex
-    import sys
-
     require_server("bench pipeline")
     from vigil.bench.pipeline import TARGETS, run
 
-    sizes = tuple(int(x) for x in load_gpus.split(",") if x.strip())
-    tp = tuple(int(x) for x in throughput_workers.split(",") if x.strip())
-    # every argument, an empty one too (--throughput-workers '' skips the throughput): the command must rerun as is
-    command = "vigil bench pipeline " + " ".join(shlex.quote(a) for a in sys.argv[3:]) if len(sys.argv) > 3 \
-        else "vigil bench pipeline"
+    try:
+        sizes = tuple(int(x) for x in load_gpus.split(",") if x.strip())
+        tp = tuple(int(x) for x in throughput_workers.split(",") if x.strip())
+    except ValueError:
+        fail(f"--load-gpus and --throughput-workers are comma-separated integers, got {load_gpus!r}, "
+             f"{throughput_workers!r}", 2)
     with console.status("starting...") as status:
         result = run(str(json_path), load_gpus=sizes, workers=workers, faults_per_kind=faults_per_kind,
                      throughput_workers=tp, throughput_gpus=throughput_gpus, throughput_seconds=throughput_seconds,
-                     seed=seed, stop_at_first_miss=not keep_going, command=command,
+                     seed=seed, stop_at_first_miss=stop_at_first_miss,
                      progress=lambda what: status.update(what + "..."))
     for n, rps in result["throughput"].items():
         d = result["throughput_detail"][n]
@@ -183,14 +185,16 @@ def bench_pipeline(
 @bench_app.command("planners")
 def bench_planners(
     json_path: Path = typer.Option(Path("bench/results/planners.json"), "--json", help="Where to write the results."),
-    repeats: int = typer.Option(7, min=1, help="Timed calls per instance; the median is reported."),
+    repeats: int = typer.Option(7, min=1, help="Timed calls per instance; the median is reported, with its 95 % "
+                                               "interval from 6 calls on."),
     seed: int = typer.Option(0, help="Seed of the generated instances."),
     quality_seeds: int = typer.Option(10, min=1, help="Fragmented clusters on which placement is compared with the baselines."),
 ) -> None:
     """Time every planner against its target, and compare placement with topology-unaware baselines.
 
-    Pure computation on one core, no broker; takes about half a minute.
-    Each timing is the median of REPEATS calls on a seeded instance:
+    Pure computation on one core, no broker; takes about a minute.
+    Each timing is the median of REPEATS calls on a seeded instance, with its
+    n and its distribution-free 95 % interval (order statistics):
 
     \b
       micro-batch rebalancing (Falcon S2), 512 DP groups ........ target <= 10 ms
@@ -204,7 +208,8 @@ def bench_planners(
     random-fit and packing divided by the exact placement's, over
     QUALITY_SEEDS clusters (Arnold reports up to 1.67x). Writes JSON with
     microbatch_512_ms, waf_100jobs_10k_ms, placement_512of1024_ms,
-    placement_spread_vs_best_baseline, command (this command line, every
+    placement_spread_vs_best_baseline, intervals (n and 95 % interval of each
+    timing), targets_met and targets_met_over_interval, command (this command line, every
     option spelled out) and a detail section (sweeps, per-seed quality, the
     machine and its load average before and after), and prints a table.
     """
@@ -223,25 +228,32 @@ def bench_history(
     json_path: Path = typer.Option(Path("bench/results/history.json"), "--json", help="Where to write the results."),
     telemetry_rows: int = typer.Option(100_000_000, min=1000, help="Raw telemetry rows generated in ClickHouse."),
     incidents: int = typer.Option(1_000_000, min=100, help="Incidents generated (about 1.9 alert versions each)."),
-    sink_events: int = typer.Option(300_000, min=1000, help="Events pushed through Kafka and the history sink."),
-    repeats: int = typer.Option(3, min=1, help="Runs of each cookbook query; the median is reported."),
+    sink_seconds: float = typer.Option(30.0, min=1.0, help="How long the sink stores a backlog for its rate."),
+    sink_events: Optional[int] = typer.Option(None, min=1000, help="Events in that backlog (default: SINK_SECONDS "
+                                                                   "x 200,000, more than the sink stores in that time)."),
+    repeats: int = typer.Option(10, min=1, help="Runs of each cookbook query; the median is reported, with its 95 % "
+                                                "interval from 6 runs on."),
 ) -> None:
-    """Sink insert rows/s (target >= 100,000) and the cookbook queries' latency over a large history (target < 1 s).
+    """Sink insert rows/s sustained (target >= 100,000) and the cookbook queries' latency over a large history (target < 1 s).
 
-    The history (TELEMETRY_ROWS raw telemetry rows and INCIDENTS incidents with
-    decisions and action results) is generated inside ClickHouse with INSERT
-    ... SELECT FROM numbers(), in a temporary chDB directory; at the defaults
-    it takes several minutes and a few GB of disk. Writes JSON
-    {"insert_rows_per_s", "queries": {NAME: seconds}, "command", ...} (command:
-    this command line, every option spelled out; the machine's load average
-    before and after in detail.machine) and prints a table.
+    The sink stores a backlog published beforehand for SINK_SECONDS (or until
+    it is stored), through a real broker; its rate comes with a 95 % interval
+    over 2 s windows. The history (TELEMETRY_ROWS raw telemetry rows and
+    INCIDENTS incidents with decisions and action results) is generated
+    inside ClickHouse with INSERT ... SELECT FROM numbers(), in a temporary
+    chDB directory; at the defaults it takes several minutes and a few GB of
+    disk (and the broker holds the backlog in memory: about 60 MB per million
+    events). Writes JSON {"insert_rows_per_s", "insert_rows_per_s_ci95",
+    "queries": {NAME: seconds}, "queries_ci95", "command", ...} (command: this
+    command line, every option spelled out; the machine's load average before
+    and after in detail.machine) and prints a table.
     """
     require_server("bench history")
     from vigil.bench.history import format_table, run
 
     with console.status("starting...") as status:
         result = run(str(json_path), telemetry_rows=telemetry_rows, incidents=incidents, sink_events=sink_events,
-                     repeats=repeats, progress=lambda what: status.update(what + "..."))
+                     repeats=repeats, sink_seconds=sink_seconds, progress=lambda what: status.update(what + "..."))
     print_table(("measure", "value", "target"), format_table(result))
     console.print(f"written to {json_path}")
 
@@ -355,8 +367,6 @@ def bench_hooks(
 
     from vigil.bench.hooks import run
 
-    import sys
-
     if world is not None and world % 2:
         raise typer.BadParameter("--world must be even")
     console = Console()
@@ -365,7 +375,7 @@ def bench_hooks(
                      real_steps=real_steps, real_block=real_block, real_hidden=real_hidden, real_batch=real_batch,
                      seed=seed, agent_seconds=agent_seconds, pin=pin,
                      bootstrap=os.environ.get("VIGIL_KAFKA_BOOTSTRAP") or None,
-                     progress=lambda what: status.update(what), command="vigil " + " ".join(sys.argv[1:]))
+                     progress=lambda what: status.update(what))
     d = result["detail"]
     head = d["overhead"]
     table = Table("measure", "value", "target")
@@ -393,7 +403,7 @@ def bench_scenarios(
     json_path: Optional[Path] = typer.Option(
         None, "--json", help=f"Where to write the results (default: {SCENARIOS_JSON}, or with --only "
         f"{SCENARIOS_ONLY_JSON}, which git ignores: a partial run never overwrites the full results)."),
-    only: Optional[List[str]] = typer.Option(None, "--only", help="Run only this scenario (repeatable)."),
+    names: Optional[List[str]] = typer.Option(None, "--only", help="Run only this scenario (repeatable)."),
 ) -> None:
     """Real job lifecycles on the real agent: no false page, no missed fault, never stuck.
 
@@ -412,13 +422,14 @@ def bench_scenarios(
     require_server("bench scenarios")
     from vigil.bench.scenarios import SCENARIOS, run
 
-    unknown = sorted(set(only or []) - set(SCENARIOS))
+    unknown = sorted(set(names or []) - set(SCENARIOS))
     if unknown:
         fail(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}", 2)
     if json_path is None:
-        json_path = SCENARIOS_ONLY_JSON if only else SCENARIOS_JSON
+        json_path = SCENARIOS_ONLY_JSON if names else SCENARIOS_JSON
     with console.status("running scenarios...") as status:
-        result = run(str(json_path), tuple(only) if only else None, progress=lambda n: status.update(f"scenario {n}..."))
+        result = run(str(json_path), tuple(names) if names else None,
+                     progress=lambda n: status.update(f"scenario {n}..."))
     table = Table("scenario", "passed", "false pages", "missed", "wall s")
     for name, r in result["scenarios"].items():
         table.add_row(name, "yes" if r["passed"] else "[red]NO[/red]", str(r["false_pages"]), str(r["missed"]),
