@@ -52,6 +52,7 @@ from vigil.schemas import ActionResult, Alert, Decision, Envelope, JobState, Nod
 from vigil.streams.engine.escalation import LADDER, Escalation
 from vigil.schemas import JOB_ENDED, NODE_AWAY
 from vigil.streams.engine.incidents import GPU_CAUSES, LINK_CAUSES, NODES_SILENT
+from vigil.streams.engine.layouts import JobLayouts
 from vigil.streams.engine.skirental import STRATEGIES, FailSlowMitigation
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ class DecisionEngine:
         self.jobs: dict[str, _JobInfo] = {}
         self.nodes_down: set[str] = set()
         self.known_nodes: set[str] = set()
+        #: each job's layout as its states told it (node agents name their own node; a move is a new set)
+        self.layouts = JobLayouts()
         self._decided: dict[uuid.UUID, _Decided] = {}
         self._incident_rung: dict[uuid.UUID, int] = {}
         self._failslow_incident: dict[str, list[uuid.UUID]] = {}
@@ -361,11 +364,14 @@ class DecisionEngine:
                 return []
             info = self.jobs.setdefault(job, _JobInfo())
             prev = info.spec
+            if event.state not in JOB_ENDED and self.layouts.learn(job, event):
+                self.mitigation.touched(job, now)  # moved or resized: a fail-slow of its old layout no longer shows
+            layout = self.layouts.get(job)
+            if layout is not None and layout.nodes:  # where it runs now: nodes it has left are no longer its concern
+                info.nodes = set(layout.nodes)
+                if set(event.nodes) != layout.nodes:  # (one agent of many named its own node: the spec holds them all)
+                    event = event.model_copy(update={"nodes": sorted(layout.nodes)})
             info.spec = event
-            if prev is not None and prev.nodes and event.nodes and set(prev.nodes) != set(event.nodes):
-                self.mitigation.touched(job, now)  # moved: a fail-slow of its old nodes no longer shows
-            if event.nodes:  # where it runs now: nodes it has left are no longer its concern
-                info.nodes = set(event.nodes)
             arrived = event.state in ("pending", "running") and (prev is None or prev.state in JOB_ENDED)
             finished = event.state in JOB_ENDED and prev is not None and prev.state not in JOB_ENDED
             out: list[Envelope] = []
@@ -417,6 +423,7 @@ class DecisionEngine:
 
     def _job_ended(self, job: str, now: float) -> None:
         """The job ended (finished, cancelled, gave up): nothing waits to be decided for it any more."""
+        self.layouts.forget(job)
         for incident, (alert, _due) in list(self._settling.items()):
             if alert.subject.job == job:
                 del self._settling[incident]

@@ -52,6 +52,7 @@ from vigil.schemas import (
     Subject, from_seconds, to_seconds,
 )
 from vigil.streams.engine.incidents import subject_key
+from vigil.streams.engine.layouts import JobLayouts
 from vigil.streams.engine.steps import StepAssembler
 
 __all__ = ["BUILTIN", "DetectionEngine", "EngineParams", "detector_finding"]
@@ -178,8 +179,8 @@ class DetectionEngine:
         self.nodes: dict[str, _Key] = {}
         #: (per, name) -> when it ended or left: what its source stamped before is past
         self._ended: dict[tuple[str, str], float] = {}
-        #: job -> its layout as its states told it: ((GPUs, dp, pp, tp), the nodes named since it last changed)
-        self._layouts: dict[str, tuple[tuple[int, int, int, int], frozenset[str]]] = {}
+        #: each job's layout as its states told it (a new one starts ``afresh_on_change`` detectors afresh)
+        self._layouts = JobLayouts()
         self._replaying = False
         # (owner, detector name) -> {finding key: DetectorFinding} currently raised
         self._reported: dict[tuple[str, str], dict[str, DetectorFinding]] = {}
@@ -373,31 +374,6 @@ class DetectionEngine:
                 out += self._diff(key, self._make(key, type(old)), now)
         return out
 
-    def _layout_changed(self, job: str, event: JobState) -> bool:
-        """Learn ``event``'s layout of ``job``; is it a change of the one known (another size or dp/pp/tp,
-        or a node the job was not said to run on)?
-
-        A node agent names only its own node, so the nodes named under one size
-        add up; a state that names no size and no node (a queued job) says
-        nothing of the layout.
-        """
-        nodes = frozenset(event.nodes)
-        if event.gpus == 0 and not nodes:
-            return False
-        sizes = (event.gpus, event.dp, event.pp, event.tp)
-        known = self._layouts.pop(job, None)  # (re-inserted last: the least recently told go first)
-        if known is None:
-            changed, layout = False, (sizes, nodes)
-        elif sizes != known[0]:
-            changed, layout = True, (sizes, nodes or known[1])
-        else:
-            changed, layout = bool(known[1]) and not nodes <= known[1], (sizes, known[1] | nodes)
-        self._layouts[job] = layout
-        if len(self._layouts) > 100_000:  # bounded: jobs that never said they ended
-            for old in list(self._layouts)[:10_000]:
-                del self._layouts[old]
-        return changed
-
     def _new_key(self, per: str, name: str, cluster: str) -> _Key:
         key = self._keys(per)[name] = _Key(per, name, cluster, self)
         return key
@@ -507,9 +483,9 @@ class DetectionEngine:
         if isinstance(event, JobState) and event.source.job:
             job = event.source.job
             if event.state in JOB_ENDED:
-                self._layouts.pop(job, None)
+                self._layouts.forget(job)
                 return self._end("job", job, now, at)
-            changed = self._layout_changed(job, event)
+            changed = self._layouts.learn(job, event)
             if job in self.jobs:  # its detectors that follow its lifecycle (the hang detector's warm-up)
                 out = self._route("job", job, "job_state", event, at, now, {})
                 if changed and job in self.jobs:

@@ -148,6 +148,6 @@ def test_an_ended_job_forgets_its_layout():
     engine = DetectionEngine()
     engine.on_lifecycle(_state(T0), T0)
     engine.on_lifecycle(_state(T0 + 1, "completed"), T0 + 1)
-    assert "j" not in engine._layouts
+    assert engine._layouts.get("j") is None
     # the next job of that name starts from its own layout: its first state is no change
-    assert engine._layout_changed("j", _state(T0 + 2, nodes=["n9"])) is False
+    assert engine._layouts.learn("j", _state(T0 + 2, nodes=["n9"])) is False
