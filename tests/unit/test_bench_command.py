@@ -257,3 +257,20 @@ def test_a_merged_pipeline_result_names_its_parts_its_merge_and_the_load(tmp_pat
     assert merged["command"] == ["vigil bench pipeline --seed 0", "vigil bench pipeline --seed 1"]
     assert shlex.split(merged["merge_command"]) == ["python", "-m", "vigil.bench.pipeline", *argv]
     assert merged["machine"]["load_before"] == [0.5] * 3 and merged["machine"]["load_after"] == [1.0] * 3
+
+
+def test_the_scenarios_run_builds_its_command_from_its_arguments_alone(monkeypatch):
+    """run() imports what it needs before building its command: those names are not arguments (the CLI
+    crashed with 'arguments [...] are not parameters of run' before it started a broker)."""
+    import vigil.bench.scenarios as scenarios
+    import vigil.broker
+
+    class Started(Exception):
+        pass
+
+    def no_broker(*_a, **_k):
+        raise Started
+
+    monkeypatch.setattr(vigil.broker, "find_tansu", no_broker)
+    with pytest.raises(Started):  # got as far as starting the broker: the command was built
+        scenarios.run(None, ("normal_completion",))

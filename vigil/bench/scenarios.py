@@ -596,11 +596,12 @@ def run(json_path: str | None, names: tuple[str, ...] | None = None, bootstrap: 
     each scenario named (``--only``), or the Python call when ``bootstrap``
     was given.
     """
+    arguments = dict(locals())  # (first: the names imported below are not arguments)
     from vigil.bench.command import reproducing_command
     from vigil.bench.machine import machine_info
     from vigil.broker import TansuBroker, find_tansu
 
-    command = reproducing_command(run, dict(locals()), "vigil bench scenarios", CLI_OPTIONS)
+    command = reproducing_command(run, arguments, "vigil bench scenarios", CLI_OPTIONS)
     started = time.monotonic()
     load_before = os.getloadavg()
     names = names or tuple(SCENARIOS)
