@@ -100,7 +100,7 @@ def quote_identifier(name: str) -> str:
 #: Settings every read-only query runs with: ClickHouse refuses writes, DDL, table functions that
 #: reach files, URLs or other servers, and changing settings (these included); runaway queries end.
 #: In read-only mode ClickHouse does not apply the SETTINGS clause a view was created with, so the
-#: settings the analytics views declare (``streams/analytics.py``: ``join_use_nulls``) are given here;
+#: settings the analytics views declare (``streams/analytics/views.py``: ``join_use_nulls``) are given here;
 #: the README's cookbook is run through this in the tests, so a new one cannot go unnoticed.
 READ_ONLY_SETTINGS: dict[str, Any] = {"readonly": 1, "max_execution_time": 120, "max_result_rows": 1_000_000,
                                       "result_overflow_mode": "throw", "join_use_nulls": 1}

@@ -1,6 +1,6 @@
 """``vigil report``: the failure history as terminal tables and an HTML page with plots.
 
-Everything comes from the analytics views (``streams/analytics.py``) through
+Everything comes from the analytics views (``streams/analytics/``) through
 whatever answers SQL: the ClickHouse store, or a running stack's query
 service. Plots are matplotlib figures inlined as SVG, so the page is one
 file with nothing to fetch.
