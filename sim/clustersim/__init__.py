@@ -3,6 +3,7 @@
 - :mod:`~vigil.sim.clustersim.model`: nodes, minipods, jobs, the iteration-time and throughput model;
 - :mod:`~vigil.sim.clustersim.traces`: failure traces (fail-stops by severity, fail-slows), presets trace-a/trace-b;
 - :mod:`~vigil.sim.clustersim.engine`: the event loop on simulated time and the accounting (WAF, ETTR, fail-slow cost);
+- :mod:`~vigil.sim.clustersim.jobs`: what the engine keeps of each job (JobRun) and what recovery steps cost (Costs);
 - :mod:`~vigil.sim.clustersim.probes`: the live detectors and correlator, run on windows around each fault;
 - :mod:`~vigil.sim.clustersim.policies`: restart-only, per-job reconfiguration, and vigil (the live decision engine).
 

@@ -113,7 +113,7 @@ def test_gpus_per_node_is_defined_once():
                     [node.target] if isinstance(node, ast.AnnAssign) else []
                 if any(isinstance(t, ast.Name) and t.id == "GPUS_PER_NODE" for t in targets):
                     defined.append(str(path.relative_to(ROOT)))
-    assert defined == ["schemas/events.py"]
+    assert defined == ["schemas/events/lifecycle.py"]
 
 
 def test_default_of_reads_dataclass_fields_and_signatures():
