@@ -46,6 +46,9 @@ from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _
 from vigil.detectors.inputs import PROGRESS, Progress
 from vigil.schemas import Checkpoint, JobState, ProcessExit, to_seconds
 
+#: The default multiple of the mean step time (DESIGN.md's k = 3): one home, read by the benchmarks' scoring.
+DEFAULT_K = 3.0
+
 
 @register
 class HangDetector(Detector):
@@ -90,7 +93,7 @@ class HangDetector(Detector):
     per = "job"
     silence = True
 
-    def __init__(self, k: float = 3.0, warmup: int = 5, window: int = 50, max_factor: float = 1.5,
+    def __init__(self, k: float = DEFAULT_K, warmup: int = 5, window: int = 50, max_factor: float = 1.5,
                  min_timeout_s: float = 0.5, startup_timeout_s: float = 600.0,
                  checkpoint_timeout_s: float = 600.0) -> None:
         if not k > 1:
