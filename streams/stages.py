@@ -41,7 +41,7 @@ from vigil.streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CorrelateStage", "DetectStage", "Place"]
+__all__ = ["CorrelateStage", "DetectStage", "Place", "build_stages"]
 
 
 @dataclass(frozen=True)
@@ -236,6 +236,20 @@ class CorrelateStage:
                 self._mark(ev.event_id)
                 out.append(ev)
         return out
+
+
+def build_stages(config: Any, params: Any = None, telemetry: tuple[str, ...] = ()) -> tuple[DetectStage, CorrelateStage]:
+    """A worker's two stages as ``config`` (a :class:`~vigil.streams.config.StreamConfig`) wires them: the
+    worker's own, and a replay's on a simulated clock (the same path, no Kafka). ``params``: the detection
+    engine's (default ``config.engine``); ``telemetry``: the event types the detect stage reads."""
+    from vigil.streams.engine.escalation import Escalation
+    from vigil.streams.engine.planning import replan
+
+    correlator = Correlator()
+    decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
+                             replan=replan if config.replan else None) if config.decide else None
+    detect = DetectStage(DetectionEngine(params or config.engine), key_of_topics(config, telemetry))
+    return detect, CorrelateStage(correlator, decider, chain=RunChain(**config.chain))
 
 
 def key_of_topics(config: Any, event_types: tuple[str, ...]) -> dict[str, str]:

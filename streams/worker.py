@@ -39,16 +39,11 @@ from vigil.schemas import (
     Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, encode, message_key, topic_accepts,
 )
 from vigil.streams.config import StreamConfig
-from vigil.streams.engine.decisions import DecisionEngine
-from vigil.streams.engine.detection import DetectionEngine, EngineParams
-from vigil.detectors.chain import RunChain
-from vigil.streams.engine.escalation import Escalation
-from vigil.streams.engine.incidents import Correlator
-from vigil.streams.engine.planning import replan
+from vigil.streams.engine.detection import EngineParams
 from vigil.streams.plugins import load_plugins
 from vigil.streams.kafka import rewind_shrunk
 from vigil.streams.recovery import window_starts
-from vigil.streams.stages import CorrelateStage, DetectStage, Place, key_of_topics
+from vigil.streams.stages import Place, build_stages
 
 log = logging.getLogger(__name__)
 
@@ -219,11 +214,7 @@ class Worker:
         params = params or config.engine
         if self.plugins:
             params = EngineParams(**{**params.__dict__, "plugins": tuple(self.plugins.values())})
-        correlator = Correlator()
-        decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
-                                 replan=replan if config.replan else None) if config.decide else None
-        self.detect = DetectStage(DetectionEngine(params), key_of_topics(config, TELEMETRY))
-        self.correlate = CorrelateStage(correlator, decider, chain=RunChain(**config.chain))
+        self.detect, self.correlate = build_stages(config, params, TELEMETRY)
         self.findings_topic = config.topic("finding")
         self.findings_tp = (self.findings_topic, 0)
         self._urgent = frozenset([config.topic(t) for t in URGENT] + [self.findings_topic])

@@ -9,6 +9,7 @@ from pathlib import Path
 from vigil.bench.pipeline.capacity import merge
 from vigil.bench.pipeline.inprocess import inprocess
 from vigil.bench.pipeline.procs import worker_main
+from vigil.bench.pipeline.replay import main as replay_main
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,6 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     ip.add_argument("--repeats", type=int, default=3)
     ip.add_argument("--profile-lines", type=int, default=0)
     ip.add_argument("--json", dest="json_path")
+    rp = sub.add_parser("replay", help="the generator's faults through a worker's stages on a simulated clock: "
+                                         "what is alerted, what is missed (deterministic)")
+    rp.add_argument("--gpus", type=int, default=2000)
+    rp.add_argument("--seed", type=int, default=0)
+    rp.add_argument("--faults-per-kind", type=int, default=30)
+    rp.add_argument("--json", dest="json_path")
     mg = sub.add_parser("merge", help="one pipeline.json from the JSON of several `vigil bench pipeline` runs")
     mg.add_argument("parts", nargs="+", type=Path)
     mg.add_argument("--json", dest="json_path", required=True)
@@ -34,6 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps({k: merged[k] for k in ("throughput", "max_gpus_per_worker_meeting_targets", "wall_s")}))
     elif args.cmd == "worker":
         worker_main(args.ready_file, args.stats_file)
+    elif args.cmd == "replay":
+        replay_main(args.gpus, args.seed, args.faults_per_kind, args.json_path)
     elif args.cmd == "inprocess":
         out = inprocess(args.gpus, args.seconds, repeats=args.repeats, profile_lines=args.profile_lines,
                         json_path=args.json_path, warmup_s=args.warmup_seconds)
