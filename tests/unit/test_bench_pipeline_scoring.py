@@ -126,3 +126,21 @@ def test_merge_keeps_every_part_and_recomputes_the_verdict():
     assert out["command"] == ["a", "b"] and out["wall_s"] == 30
     assert out["machine"]["load_before"] == [10.0] and out["machine"]["load_after"] == [21.0]
     assert out["projection"]["100000"]["workers"] == 20
+
+
+def test_a_later_fault_of_the_same_job_owns_the_incidents_that_came_after_it():
+    """Two crashes of one job 20 s apart, each alerted by an incident of its own: the second's incident is
+    not credited to the first (whose margin still ran), and the first was alerted once."""
+    first, second = exc("j1", 100.0, ended=108.0), exc("j1", 120.0, ended=128.0)
+    alerts = [(alert("cuda_error", {"job": "j1"}), 100.2), (alert("cuda_error", {"job": "j1"}), 120.1)]
+    rows = match([first, second], alerts)["faults"]
+    assert rows[0]["incidents"] == 1 and math.isclose(rows[1]["delay_s"], 0.1) and rows[1]["incidents"] == 1
+    # a node lost under the same job: the hang it causes, and the update naming the node, are the node's
+    lost = Injection("node_lost", Fault("node_loss", "n1", 0.0, injected_at=125.0), job="j1", iteration_s=1.0,
+                     ended_at=131.5)
+    hang = Injection("hang", Fault("hang", "j1", 0.0, injected_at=100.0), job="j1", iteration_s=1.0, ended_at=111.0)
+    inc = uuid.uuid4()
+    alerts = [(alert("task_hang", {"job": "j1"}), 103.0), (alert("task_hang", {"job": "j1"}, inc), 126.5),
+              (alert("node_lost", {"node": "n1"}, inc), 126.6)]
+    rows = match([hang, lost], alerts)["faults"]
+    assert rows[0]["incidents"] == 1 and math.isclose(rows[1]["delay_s"], 1.6)

@@ -61,15 +61,22 @@ def match(injections: list[Injection], alerts: list[tuple[Alert, float]], margin
 
     ``alerts`` are ``(alert, arrival time)`` in arrival order. An incident
     answers one fault: a later fault of the same job or node is not credited
-    with an update of an earlier fault's incident. A fault's ``incidents`` are
-    the distinct incidents naming its cause from its injection until
-    ``margin_s`` after it ended (1 when alerted once).
+    with an update of an earlier fault's incident, and an earlier fault is not
+    credited with what came after a later fault of its job or node was
+    injected. A fault's ``incidents`` are the distinct incidents naming its
+    cause from its injection until ``margin_s`` after it ended, or until the
+    next fault of its job or node (1 when alerted once).
     """
     claimed: dict[Any, int] = {}
     out: list[dict[str, Any]] = []
-    for idx, inj in sorted(enumerate(injections), key=lambda p: p[1].injected_at):
+    ordered = sorted(enumerate(injections), key=lambda p: p[1].injected_at)
+    for n, (idx, inj) in enumerate(ordered):
         t0 = inj.injected_at
         until = (inj.ended_at if inj.ended_at is not None else t0) + margin_s
+        later = next((o.injected_at for _, o in ordered[n + 1:] if o.injected_at > t0 and (
+            o.fault.target == inj.fault.target or (inj.job is not None and o.job == inj.job))), None)
+        if later is not None:
+            until = min(until, later)
         hits = [(a, at) for a, at in alerts if at >= t0 and at <= until and names_cause(inj, a)
                 and claimed.get(a.incident_id, idx) == idx]
         row: dict[str, Any] = {"kind": inj.kind, "target": inj.fault.target, "job": inj.job, "injected_at": t0,
