@@ -32,10 +32,14 @@ waits (1 s at a time) until a target is free. What a fault does and how it ends:
                 ``remedy_s`` its scheduler marks it failed and requeues it (same nodes)
 ``process_exit``a rank is killed (SIGKILL); as above
 ``hang``        the job stops stepping; requeued ``3 x D_iter + remedy_s`` later
-``xid``         XID 79 on a GPU of a node (no other effect, as in the simulator)
+``xid``         XID 79 (the GPU fell off the bus) on a GPU of a node; the rank using it exits (code
+                1) and its job stops, to be requeued as above; the node is broken from then on
+                (nothing repairs it here): it takes no other XID or loss (the detector holds an
+                XID's incident, one per node, for minutes)
 ``node_lost``   the node stops sending (heartbeats, samples) for ``node_down_s``; its job stops and
                 is requeued once the node is back; one node at a time, ``node_loss_gap_s`` apart
-                (the correlator makes many nodes silent together one ``nodes_silent`` incident)
+                (the correlator makes many nodes silent together one ``nodes_silent`` incident); a
+                node back from a loss is not lost again before it has been heard for ``node_down_s``
 ``fail_slow``   one GPU of a running job computes ``1 + slowdown`` times longer (its samples show a
                 throttled, hot, slow GPU) for ``slow_steps`` steps; the job is then requeued
 ==============  =====================================================================================
@@ -226,6 +230,8 @@ class LoadGenerator:
         self._iso = _Iso()
         self._hb_seq = [0] * len(self.nodes)
         self._down: set[int] = set()  # nodes lost right now
+        self._back_at: dict[int, float] = {}  # node -> when it came back from its last loss
+        self._broken: set[int] = set()  # nodes with a GPU that fell off the bus
         self._slow_gpus: dict[tuple[int, int], float] = {}  # (node index, gpu) -> slowdown
         self._nic = [[0.0, 0.0, 0.0, 0.0] for _ in self.nodes]
         self._last_sample = [start] * len(self.nodes)
@@ -287,6 +293,7 @@ class LoadGenerator:
                 out.append(self._state(self.jobs[name], state, why, due.at))
             elif what == "node_back":
                 self._down.discard(target)  # type: ignore[arg-type]
+                self._back_at[target] = due.at  # type: ignore[index]
                 self._hb_seq[target] = 0  # type: ignore[index]  # the agent restarted
             elif what == "gpu_ok":
                 inj: Injection = target  # type: ignore[assignment]
@@ -477,7 +484,8 @@ class LoadGenerator:
                 return out
             free_jobs = {j.spec.name for j in self._free_jobs(self.warm_steps)}
             candidates = [i for i, n in enumerate(self.nodes)
-                          if self._job_of.get(n) is None or self._job_of[n] in free_jobs]
+                          if (self._job_of.get(n) is None or self._job_of[n] in free_jobs) and i not in self._broken
+                          and at - self._back_at.get(i, -math.inf) >= self.node_down_s]
             if not candidates:
                 self._push(at + 1.0, "fault", kind)
                 return out
@@ -499,21 +507,38 @@ class LoadGenerator:
             self.injections.append(inj)
             return out
         if kind == "xid":
-            busy = {n for j in self.jobs.values() if j.busy for n in j.spec.nodes}
-            candidates = [i for i, n in enumerate(self.nodes) if i not in self._down and n not in busy]
+            # a node of a job free to stop (running, past its warm-up) or an idle one, never a broken one
+            free_jobs = {j.spec.name for j in self._free_jobs(self.warm_steps)}
+            candidates = [i for i, n in enumerate(self.nodes) if i not in self._down and i not in self._broken
+                          and (self._job_of.get(n) is None or self._job_of[n] in free_jobs)]
             if not candidates:
                 self._push(at + 1.0, "fault", kind)
                 return out
             i = rng.choice(candidates)
             node, gpu = self.nodes[i], rng.randrange(GPUS_PER_NODE)
+            self._broken.add(i)
             fault = Fault("xid", node, at - self.start, gpu=gpu, code=79, injected_at=sent)
             bus = f"0000:{0x18 + 0x10 * gpu:02x}:00"
+            name = self._job_of.get(node)
             ev3 = XidError(event_time=from_seconds(sent), source=Source(cluster=self.cluster, node=node, gpu=gpu),
                            code=79, pci_bus_id=bus, pid=4242, process_name="python",
                            message="GPU has fallen off the bus (injected)",
                            raw_line=f"NVRM: Xid (PCI:{bus}): 79, pid=4242, name=python, GPU has fallen off the bus")
-            self.injections.append(Injection(kind, fault, job=self._job_of.get(node), ended_at=sent))
-            return [Message("xid", node.encode(), encode(ev3), 1)]
+            out.append(Message("xid", node.encode(), encode(ev3), 1))
+            inj = Injection(kind, fault, job=name, ended_at=sent)
+            if name is not None:  # the rank on that GPU dies with it, and the job stops until requeued
+                job = self.jobs[name]
+                rank = job.spec.nodes.index(node) * GPUS_PER_NODE + gpu
+                fault.rank = rank
+                inj.iteration_s = job.spec.iteration_s
+                job.busy = True
+                self._stop(job)
+                ev4 = ProcessExit(event_time=from_seconds(sent), source=Source(
+                    cluster=self.cluster, node=node, job=name, rank=rank, gpu=gpu), pid=4242, exit_code=1, local_rank=gpu)
+                out.append(Message("process_exit", node.encode(), encode(ev4), 1))
+                self._requeue(job, at + self.remedy_s, f"xid 79 on {node} GPU {gpu}", inj)
+            self.injections.append(inj)
+            return out
         raise ValueError(f"unknown fault kind {kind!r}")
 
 
