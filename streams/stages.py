@@ -188,6 +188,8 @@ class CorrelateStage:
             # a job that ended takes its incidents with it (their cause, the job, is gone)
             for alert in self.correlator.job_ended(event.source.job, to_seconds(event.event_time), event.state):
                 out += self._alert(alert, now, replay=not live)
+        elif isinstance(event, JobState) and event.state in ("pending", "running") and event.source.job:
+            self.correlator.job_started(event.source.job, to_seconds(event.event_time))
         if self.decider is None:
             return out
         if isinstance(event, ActionResult):
