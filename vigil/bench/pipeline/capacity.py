@@ -41,7 +41,8 @@ def run(json_path: str | None, load_gpus: tuple[int, ...] = (2000, 5000, 10_000,
                 break
     held = [p["gpus_per_worker"] for p in result["capacity"] if p["targets_met"]]
     result["max_gpus_per_worker_meeting_targets"] = max(held) if held else None
-    result["projection"] = project(result["capacity"], result["max_gpus_per_worker_meeting_targets"])
+    result["projection"] = project(result["capacity"], result["max_gpus_per_worker_meeting_targets"],
+                                  throughput=result["throughput"])
     _write(json_path, result, started)
     return result
 
@@ -69,7 +70,8 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
     result["capacity"] = [points[g] for g in sorted(points)]
     held = [p["gpus_per_worker"] for p in result["capacity"] if p["targets_met"]]
     result["max_gpus_per_worker_meeting_targets"] = max(held) if held else None
-    result["projection"] = project(result["capacity"], result["max_gpus_per_worker_meeting_targets"])
+    result["projection"] = project(result["capacity"], result["max_gpus_per_worker_meeting_targets"],
+                                  throughput=result["throughput"])
     result["machine"] = {**machine_info(), "load_before": parts[0]["machine"].get("load_before") if parts else None,
                          "load_after": parts[-1]["machine"].get("load_after") if parts else None}
     result["parts"] = [{"command": p.get("command"), "machine": p.get("machine"), "wall_s": p.get("wall_s")}
