@@ -26,7 +26,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from vigil.detectors import DetectorError
 from vigil.detectors.chain import RunChain
@@ -144,8 +144,13 @@ class DetectStage:
             nodes, jobs = self.subjects_of.pop(place)
             self.engine.forget(nodes=nodes, jobs=jobs)
 
-    def tick(self, now: float) -> list[DetectorFinding]:
-        return self.engine.tick(now)
+    def tick(self, now: float, states: Sequence[Envelope] = ()) -> list[DetectorFinding]:
+        """The job and node states heard since the last tick, then the timers: a job that ended (or a node
+        that left) before this tick is not judged silent, and its hang is never raised."""
+        out: list[DetectorFinding] = []
+        for event in states:
+            out += self.on_lifecycle(event, now)
+        return out + self.engine.tick(now)
 
 
 class CorrelateStage:

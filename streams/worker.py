@@ -341,15 +341,16 @@ class Worker:
             return  # rebuilding: timers would judge silence from half a picture
         if self._pulse.last_ok is not None and self.consuming:
             self.detect.engine.heard(self._pulse.last_ok)  # reachable and consuming
-        self._found(self.detect.tick(now), now)
+        polled = self._broadcast.poll() if self._broadcast is not None else []
+        # every worker takes the job and node states (its jobs and nodes may be among them), before the
+        # timers: a job that ended or a node that left since the last tick is not judged silent
+        self._found(self.detect.tick(now, [ev for ev, _ in polled if isinstance(ev, (JobState, NodeState))]), now)
         if self._broadcast is None:
             return
-        for ev, live in self._broadcast.poll():
+        for ev, live in polled:
             if isinstance(ev, (Alert, Decision)):
                 self.correlate.learn_published([ev])
             else:
-                if isinstance(ev, (JobState, NodeState)):  # every worker: its jobs and nodes may be among them
-                    self._found(self.detect.on_lifecycle(ev, now), now)
                 self._heard_back.append((ev, live))
         if self.owns_correlation and not self._broadcast.caught_up:
             return  # what was published before it started must be known before it publishes

@@ -11,9 +11,9 @@ a parameter), so its latencies say nothing about speed.
 
 The worker's order, kept here: telemetry is read as it arrives (the
 generator's telemetry producer batches it for ``linger_s``, faults and states
-go at once); each tick (``tick_interval_s`` of the stream config) the
-detection timers run, then the job and node states read since the last tick
-(the worker's broadcast reader) go to the detection engine and the
+go at once); each tick (``tick_interval_s`` of the stream config) the job
+and node states read since the last tick (the worker's broadcast reader) go
+to the detection engine, then its timers run, then the states go to the
 correlating stage, then the correlator's and decision engine's timers. No
 actuator acts on the decisions (as in the live run).
 """
@@ -107,9 +107,8 @@ def replay(gpus: int, *, seed: int = 0, faults_per_kind: int = 30, warmup_s: flo
 
     def tick(now: float) -> None:
         detect.engine.heard(now)  # its broker answers
-        out.took(correlate.on_findings(detect.tick(now), now), now)
+        out.took(correlate.on_findings(detect.tick(now, states), now), now)
         for ev in states:
-            out.took(correlate.on_findings(detect.on_lifecycle(ev, now), now), now)
             out.took(correlate.on_feedback(ev, now, live=True), now)
         states.clear()
         out.took(correlate.tick(now), now)
