@@ -22,7 +22,11 @@ the end) is ignored, and only a newer event starts them again.
 Timers: ``silence`` detectors (heartbeat loss, hang) are ticked every tick
 but only once their subject has been quiet past their timeout *as far as
 the worker can tell* (a worker that hears nothing at all is deaf, not the
-cluster silent); the others age their windows once a second.
+cluster silent); the others age their windows once a second. A worker
+reading some feed far behind judges silence in the log's own time instead:
+a subject is silent when its feed carried others' messages past its last one
+by more than its timeout (late, but not missed; the gaps in the worker's own
+reading are not silence).
 """
 
 from __future__ import annotations
@@ -89,7 +93,8 @@ class EngineParams:
 class _Key:
     """One job or node: its detectors (made on first input), and what the engine knows of it."""
 
-    __slots__ = ("per", "name", "owner", "cluster", "detectors", "last_arrival", "nodes", "steps", "engine")
+    __slots__ = ("per", "name", "owner", "cluster", "detectors", "last_arrival", "last_event", "feed", "mark",
+                 "nodes", "steps", "engine")
 
     def __init__(self, per: str, name: str, cluster: str, engine: "DetectionEngine") -> None:
         self.per = per
@@ -98,6 +103,9 @@ class _Key:
         self.cluster = cluster
         self.detectors: dict[str, Detector] = {}
         self.last_arrival = float("-inf")
+        self.last_event = float("-inf")  # the newest event time of its signs of life
+        self.feed: Any = None  # where it was read from (a partition)
+        self.mark = float("-inf")  # how far that feed had been read then, in the feed's own time
         self.nodes: set[str] = set()  # a job's nodes
         self.steps = StepAssembler() if per == "job" else None
         self.engine = engine
@@ -182,6 +190,9 @@ class DetectionEngine:
         self._feed_window: dict[Any, float] = {}
         #: feed -> (the tick that saw it last, that least delay)
         self._feeds: dict[Any, tuple[float, float]] = {}
+        #: feed -> the newest event time read from it (how far the log has been read, in its own time)
+        self._marks: dict[Any, float] = {}
+        self._feed: Any = None  # the feed of the message being routed
 
     # -- inputs ------------------------------------------------------------
     def future(self, event: Envelope, now: float) -> bool:
@@ -235,6 +246,8 @@ class DetectionEngine:
         seen = self._seen_ids
         pers_of = self._pers
         limit = now + self.params.max_future_s
+        self._feed = feed
+        mark = self._marks.get(feed, float("-inf")) if feed is not None else None
         for event in events:
             ident = event.event_id.int
             if ident in seen:
@@ -244,6 +257,8 @@ class DetectionEngine:
                 self.refused_future.append(event)
                 continue
             seen.add(ident)
+            if mark is not None and at > mark:
+                mark = self._marks[feed] = at
             etype: str = event.event_type  # type: ignore[attr-defined]
             pers = pers_of.get(etype)
             if not pers:
@@ -282,6 +297,9 @@ class DetectionEngine:
                 return out  # an old log's job: not tracked
             key = key or self._new_key(per, name, event.source.cluster)
             key.last_arrival = now
+            if at > key.last_event:
+                key.last_event, key.feed = at, self._feed
+                key.mark = self._marks.get(self._feed, at)
             if isinstance(event, IterationStep):
                 key.nodes.update(event.nodes)
             elif event.source.node:
@@ -295,6 +313,9 @@ class DetectionEngine:
                 return out  # an old log's node: not tracked
             key = key or self._new_key(per, name, event.source.cluster)
             key.last_arrival = now
+            if at > key.last_event:
+                key.last_event, key.feed = at, self._feed
+                key.mark = self._marks.get(self._feed, at)
         for cls in self._routes.get((per, etype), ()):
             key = key or self._new_key(per, name, event.source.cluster)
             det = key.detectors.get(cls.name)
@@ -370,7 +391,10 @@ class DetectionEngine:
         detector may only fire once its timeout has passed with nothing
         arriving from its subject: a worker reading a backlog (after a
         takeover, or while lagging) sees old timestamps that are not silence
-        in the cluster. Onsets stay in event time.
+        in the cluster. While some feed is read far behind (:meth:`behind`),
+        silence is judged in the log's own time instead: a subject whose feed
+        has carried its timeout's worth of others' messages since its last
+        one. Onsets stay in event time.
 
         Silence detectors are checked every tick (nodes first, then jobs); the
         others only age their windows (holds of minutes), so each is ticked
@@ -380,14 +404,28 @@ class DetectionEngine:
         out: list[DetectorFinding] = []
         alone = len(self.nodes) + len(self.jobs) <= 1
         feed_back_at, last_heard = self._feed_back_at, self._last_heard
-        for registry in () if self.behind(now) else self._silence:
+        behind, marks = self.behind(now), self._marks
+        for registry in self._silence:
             for key, det in registry.values():
+                timeout = det.timeout_s  # type: ignore[attr-defined]
+                if behind:
+                    # Judged in the log's own time: its feed carried others' messages for more than its
+                    # timeout past its last sign of life (the gaps in the worker's reading are not silence;
+                    # a silence in what was written is, however late it is read). The feed's progress is
+                    # measured in the feed's time and counted on the subject's own clock: no skew.
+                    # Only for subjects heard since the worker last went deaf: after an outage, producers
+                    # deliver what they held in any order, and one not yet read is not silent.
+                    mark = marks.get(key.feed)
+                    if mark is None or mark - key.mark <= timeout or key.last_arrival < feed_back_at:
+                        continue
+                    det.tick(key.last_event + (mark - key.mark))
+                    out += self._diff(key, det, now)
+                    continue
                 # Silent past its timeout as far as the worker can tell: only once it heard something
                 # (data, or its broker) after the timeout ran out (a worker that cannot hear does not
                 # know yet), unless it tracks this subject alone; not counting the time before its
                 # feed came back. Inlined: thousands of subjects every tick.
                 since = key.last_arrival if key.last_arrival > feed_back_at else feed_back_at
-                timeout = det.timeout_s  # type: ignore[attr-defined]
                 if now - since <= timeout or not (alone or last_heard - since > timeout):
                     continue
                 det.tick(now)
