@@ -248,11 +248,14 @@ class DetectionEngine:
         limit = now + self.params.max_future_s
         self._feed = feed
         mark = self._marks.get(feed, float("-inf")) if feed is not None else None
+        stamp, at = None, 0.0
         for event in events:
             ident = event.event_id.int
             if ident in seen:
                 continue
-            at = event.event_time.timestamp()
+            if event.event_time != stamp:  # a node's samples share one time: converted once
+                stamp = event.event_time
+                at = stamp.timestamp()
             if at > limit:
                 self.refused_future.append(event)
                 continue
