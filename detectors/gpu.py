@@ -194,8 +194,11 @@ class GpuDegradation(Detector):
 
         The samples are validated events (finite numbers, non-negative counts),
         so their rows go straight to the detector's state, without
-        :meth:`update`'s checks of arbitrary input.
+        :meth:`update`'s checks of arbitrary input; a healthy round on a healthy
+        node (:meth:`_quiet`) changes nothing but the time.
         """
+        if self._quiet(items, t):
+            return
         clean: dict[str, dict[str, Any]] = {}
         bad: str | None = None
         for s in items:
@@ -234,6 +237,57 @@ class GpuDegradation(Detector):
         if bad is not None:
             raise DetectorError(bad)
         self._apply(clean, t, checked=True)
+        for s in items:  # what each GPU's counters are now, for _quiet
+            if s.source.gpu is not None:
+                nvl = s.nvlink_errors
+                self._counted[s.source.gpu] = (s.ecc_sbe, s.ecc_dbe, sum(nvl.values()) if nvl else None)
+
+    def _quiet(self, items: list[GpuTelemetry], t: float) -> bool:
+        """A round that would change nothing but the time, taken as such (most rounds of most nodes).
+
+        Nothing is under way (no condition seen, no finding open, no count in a window), the round is
+        newer than the last, every GPU is known with the same counts as last time, none throttles, and
+        no GPU can be slow or hot (the slowest busy one within ``clock_rel`` of the fastest; the hottest
+        below ``temp_limit`` and within ``temp_margin`` of the coolest): then :meth:`_apply` would only
+        have moved the time. Anything else takes the full path.
+        """
+        last = self._last_t
+        if last is None or not t > last or self._active or self._queued or not math.isfinite(t):
+            return False
+        counted, mask, min_util = self._counted, self.throttle_mask, self.min_util
+        seen: set[int] = set()
+        clocks: list[float] = []
+        temps: list[float] = []
+        for s in items:
+            gpu = s.source.gpu
+            if gpu is None:
+                continue
+            nvl = s.nvlink_errors
+            if gpu in seen or counted.get(gpu) != (s.ecc_sbe, s.ecc_dbe, sum(nvl.values()) if nvl else None):
+                return False
+            seen.add(gpu)
+            reasons = s.throttle_reasons
+            if reasons is not None and reasons & mask:
+                return False
+            clock = s.sm_clock_mhz
+            if clock is not None:
+                util = s.utilization_pct
+                if util is None or util >= min_util:
+                    clocks.append(clock)
+            if s.temperature_c is not None:
+                temps.append(s.temperature_c)
+        if not seen:
+            return False
+        if len(clocks) - 1 >= self.min_peers and min(clocks) < (1.0 - self.clock_rel) * max(clocks):
+            return False
+        if temps:
+            hottest = max(temps)
+            if hottest >= self.temp_limit or (len(temps) - 1 >= self.min_peers and
+                                              hottest - min(temps) > self.temp_margin):
+                return False
+        self._last_t = t
+        self._now = t if self._now is None else max(self._now, t)
+        return True
 
     def observe(self, item: GpuTelemetry, *, t: float, context: KeyContext | None = None) -> None:
         self.observe_batch([item], t=t, context=context)
@@ -285,6 +339,7 @@ class GpuDegradation(Detector):
         # what is going on (the common case: nothing), so that healthy samples, ticks and findings stay cheap
         self._active = 0  # runs under way (a condition seen, or a finding open)
         self._queued = 0  # counter increases held in the windows
+        self._counted: dict[int, tuple[Any, Any, Any]] = {}  # GPU -> its counts as the events path last saw them
 
     def _gpu(self, gpu: str) -> dict[str, Any]:
         g = self._gpus.get(gpu)
@@ -301,6 +356,7 @@ class GpuDegradation(Detector):
     # -- input ---------------------------------------------------------------
     def update(self, samples: Mapping[Any, Mapping[str, Any]], *, t: float) -> None:
         t = _check_time(t, "t")
+        self._counted.clear()  # the general path may change the counts _quiet relies on
         if not isinstance(samples, Mapping):
             raise DetectorError(f"samples must be a mapping gpu -> fields, got {type(samples).__name__}")
         if self._last_t is not None:
