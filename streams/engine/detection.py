@@ -165,6 +165,8 @@ class DetectionEngine:
             self._pers[item] = tuple(sorted({*self._pers.get(item, ()), "job"}))
         #: event types whose arrival says a node's stream is alive (those its silence detectors consume)
         self._node_liveness = {i for (per, i), cs in self._routes.items() if per == "node" and any(c.silence for c in cs)}
+        #: (per, event type) -> how an event is routed (:meth:`_plan`), made on first use
+        self._plans: dict[tuple[str, str], tuple[bool, int, tuple[type[Detector], ...]]] = {}
         self.jobs: dict[str, _Key] = {}
         self.nodes: dict[str, _Key] = {}
         #: (per, name) -> when it ended or left: what its source stamped before is past
@@ -249,6 +251,7 @@ class DetectionEngine:
         self._feed = feed
         mark = self._marks.get(feed, float("-inf")) if feed is not None else None
         stamp, at = None, 0.0
+        route = self._route
         for event in events:
             ident = event.event_id.int
             if ident in seen:
@@ -271,7 +274,7 @@ class DetectionEngine:
                 name = source.job if per == "job" else source.node
                 if name is None:
                     continue
-                found = self._route(per, name, etype, event, at, now, batches)
+                found = route(per, name, etype, event, at, now, batches)
                 if found:
                     out += found
         for (per, name, det_name), (items, t) in batches.items():
@@ -284,18 +287,30 @@ class DetectionEngine:
     def _keys(self, per: str) -> dict[str, _Key]:
         return self.jobs if per == "job" else self.nodes
 
+    def _plan(self, per: str, etype: str) -> tuple[bool, int, tuple[type[Detector], ...]]:
+        """How an event type is routed for a job or node key: whether it is a sign of life (an ended
+        subject's in-flight past is then ignored), which liveness it keeps (1: a job's, 2: a node's, 0:
+        none) and the detector classes consuming it."""
+        plan = self._plans[(per, etype)] = (
+            etype in _JOB_LIVENESS or etype in self._node_liveness,
+            1 if per == "job" and etype in _JOB_LIVENESS else 2 if per == "node" and etype in self._node_liveness else 0,
+            tuple(self._routes.get((per, etype), ())))
+        return plan
+
     def _route(self, per: str, name: str, etype: str, event: Envelope, at: float, now: float,
                batches: dict[tuple[str, str, str], list[Any]]) -> list[DetectorFinding]:
         keys = self.jobs if per == "job" else self.nodes
         key = keys.get(name)
-        ended = self._ended.get((per, name)) if self._ended else None
-        if ended is not None and (etype in _JOB_LIVENESS or etype in self._node_liveness):
-            if at <= ended:
-                return []  # a sign of life in flight when it ended: the past, not a new start
-            del self._ended[(per, name)]  # a new start (a requeued job, a restarted agent)
+        sign_of_life, liveness, classes = self._plans.get((per, etype)) or self._plan(per, etype)
+        if sign_of_life and self._ended:
+            ended = self._ended.get((per, name))
+            if ended is not None:
+                if at <= ended:
+                    return []  # a sign of life in flight when it ended: the past, not a new start
+                del self._ended[(per, name)]  # a new start (a requeued job, a restarted agent)
         stale = now - at > self.params.max_event_age_s
         out: list[DetectorFinding] = []
-        if per == "job" and etype in _JOB_LIVENESS:
+        if liveness == 1:
             if key is None and stale and etype != "collective":
                 return out  # an old log's job: not tracked
             key = key or self._new_key(per, name, event.source.cluster)
@@ -311,7 +326,7 @@ class DetectionEngine:
                 out += self._derived(key, key.steps.on_iteration(event), now)  # type: ignore[union-attr]
             elif isinstance(event, IterationStep):
                 out += self._derived(key, key.steps.on_step(event), now)  # type: ignore[union-attr]
-        elif per == "node" and etype in self._node_liveness:
+        elif liveness == 2:
             if key is None and stale:
                 return out  # an old log's node: not tracked
             key = key or self._new_key(per, name, event.source.cluster)
@@ -319,7 +334,7 @@ class DetectionEngine:
             if at > key.last_event:
                 key.last_event, key.feed = at, self._feed
                 key.mark = self._marks.get(self._feed, at)
-        for cls in self._routes.get((per, etype), ()):
+        for cls in classes:
             key = key or self._new_key(per, name, event.source.cluster)
             det = key.detectors.get(cls.name)
             if det is None:
@@ -327,9 +342,10 @@ class DetectionEngine:
                     continue
                 det = self._make(key, cls)
             if cls.batch:
-                batch = batches.get((per, name, cls.name))
+                slot = (per, name, cls.name)
+                batch = batches.get(slot)
                 if batch is None:
-                    batches[(per, name, cls.name)] = [[event], at]
+                    batches[slot] = [[event], at]
                 else:
                     batch[0].append(event)
                     if at > batch[1]:
