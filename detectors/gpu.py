@@ -56,7 +56,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_positive_ints, _check_time, register
-from vigil.schemas import GpuTelemetry, to_seconds
+from vigil.schemas import GpuTelemetry
 
 __all__ = ["GpuDegradation", "THROTTLE_REASONS", "DEFAULT_THROTTLE_MASK", "decode_throttle_reasons"]
 
@@ -194,8 +194,11 @@ class GpuDegradation(Detector):
 
         The samples are validated events (finite numbers, non-negative counts),
         so their rows go straight to the detector's state, without
-        :meth:`update`'s checks of arbitrary input.
+        :meth:`update`'s checks of arbitrary input; a healthy round on a healthy
+        node (:meth:`_quiet`) changes nothing but the time.
         """
+        if self._quiet(items, t):
+            return
         clean: dict[str, dict[str, Any]] = {}
         bad: str | None = None
         for s in items:
@@ -225,7 +228,7 @@ class GpuDegradation(Detector):
             clean[str(gpu)] = row
         if not clean:
             return
-        t = _check_time(max(to_seconds(s.event_time) for s in items), "t")
+        t = _check_time(t, "t")  # the latest stamp of the items (the engine read their times already)
         if self._last_t is not None:  # in update()'s order: the time first, then the rows
             if t == self._last_t:
                 return  # duplicate delivery
@@ -234,6 +237,57 @@ class GpuDegradation(Detector):
         if bad is not None:
             raise DetectorError(bad)
         self._apply(clean, t, checked=True)
+        for s in items:  # what each GPU's counters are now, for _quiet
+            if s.source.gpu is not None:
+                nvl = s.nvlink_errors
+                self._counted[s.source.gpu] = (s.ecc_sbe, s.ecc_dbe, sum(nvl.values()) if nvl else None)
+
+    def _quiet(self, items: list[GpuTelemetry], t: float) -> bool:
+        """A round that would change nothing but the time, taken as such (most rounds of most nodes).
+
+        Nothing is under way (no condition seen, no finding open, no count in a window), the round is
+        newer than the last, every GPU is known with the same counts as last time, none throttles, and
+        no GPU can be slow or hot (the slowest busy one within ``clock_rel`` of the fastest; the hottest
+        below ``temp_limit`` and within ``temp_margin`` of the coolest): then :meth:`_apply` would only
+        have moved the time. Anything else takes the full path.
+        """
+        last = self._last_t
+        if last is None or not t > last or self._active or self._queued or not math.isfinite(t):
+            return False
+        counted, mask, min_util = self._counted, self.throttle_mask, self.min_util
+        seen: set[int] = set()
+        clocks: list[float] = []
+        temps: list[float] = []
+        for s in items:
+            gpu = s.source.gpu
+            if gpu is None:
+                continue
+            nvl = s.nvlink_errors
+            if gpu in seen or counted.get(gpu) != (s.ecc_sbe, s.ecc_dbe, sum(nvl.values()) if nvl else None):
+                return False
+            seen.add(gpu)
+            reasons = s.throttle_reasons
+            if reasons is not None and reasons & mask:
+                return False
+            clock = s.sm_clock_mhz
+            if clock is not None:
+                util = s.utilization_pct
+                if util is None or util >= min_util:
+                    clocks.append(clock)
+            if s.temperature_c is not None:
+                temps.append(s.temperature_c)
+        if not seen:
+            return False
+        if len(clocks) - 1 >= self.min_peers and min(clocks) < (1.0 - self.clock_rel) * max(clocks):
+            return False
+        if temps:
+            hottest = max(temps)
+            if hottest >= self.temp_limit or (len(temps) - 1 >= self.min_peers and
+                                              hottest - min(temps) > self.temp_margin):
+                return False
+        self._last_t = t
+        self._now = t if self._now is None else max(self._now, t)
+        return True
 
     def observe(self, item: GpuTelemetry, *, t: float, context: KeyContext | None = None) -> None:
         self.observe_batch([item], t=t, context=context)
@@ -282,6 +336,10 @@ class GpuDegradation(Detector):
         self._gpus: dict[str, dict[str, Any]] = {}
         self._last_t: float | None = None
         self._now: float | None = None
+        # what is going on (the common case: nothing), so that healthy samples, ticks and findings stay cheap
+        self._active = 0  # runs under way (a condition seen, or a finding open)
+        self._queued = 0  # counter increases held in the windows
+        self._counted: dict[int, tuple[Any, Any, Any]] = {}  # GPU -> its counts as the events path last saw them
 
     def _gpu(self, gpu: str) -> dict[str, Any]:
         g = self._gpus.get(gpu)
@@ -298,6 +356,7 @@ class GpuDegradation(Detector):
     # -- input ---------------------------------------------------------------
     def update(self, samples: Mapping[Any, Mapping[str, Any]], *, t: float) -> None:
         t = _check_time(t, "t")
+        self._counted.clear()  # the general path may change the counts _quiet relies on
         if not isinstance(samples, Mapping):
             raise DetectorError(f"samples must be a mapping gpu -> fields, got {type(samples).__name__}")
         if self._last_t is not None:
@@ -364,13 +423,23 @@ class GpuDegradation(Detector):
                     d = inc.get(k, 0)
                     if d > 0:
                         g["events"][k].append((t, d))
+                        self._queued += 1
 
     def _peer_conditions(self, clean: dict[str, dict[str, Any]], t: float, prev_t: float | None) -> None:
-        # Evidence is built only for a condition that holds: most samples of most GPUs are healthy.
+        # Evidence is built only for a condition that holds: most samples of most GPUs are healthy. So are
+        # most nodes: no GPU is slow when the slowest busy one is within clock_rel of the fastest (a peer
+        # median is at most the fastest), none hot when the hottest is below temp_limit and within
+        # temp_margin of the coolest; then the medians are not needed, and a run with nothing under way is
+        # not stepped (a condition that does not hold changes nothing there).
         busy = {g: r["sm_clock"] for g, r in clean.items() if "sm_clock" in r and r.get("utilization", 100.0) >= self.min_util}
         temps = {g: r["temperature"] for g, r in clean.items() if "temperature" in r}
-        clock_medians = _peer_medians(busy) if len(busy) - 1 >= self.min_peers else {}
-        temp_medians = _peer_medians(temps) if len(temps) - 1 >= self.min_peers else {}
+        clock_peers = len(busy) - 1 >= self.min_peers
+        temp_peers = len(temps) - 1 >= self.min_peers
+        clock_quiet = not clock_peers or min(busy.values()) >= (1.0 - self.clock_rel) * max(busy.values())
+        temp_quiet = bool(temps) and max(temps.values()) < self.temp_limit and (
+            not temp_peers or max(temps.values()) - min(temps.values()) <= self.temp_margin)
+        clock_medians = _peer_medians(busy) if clock_peers and not clock_quiet else {}
+        temp_medians = _peer_medians(temps) if temp_peers and not temp_quiet else {}
         for gid, row in clean.items():
             g = self._gpu(gid)
             runs = g["runs"]
@@ -378,17 +447,30 @@ class GpuDegradation(Detector):
             if "throttle_reasons" in row:
                 mask = row["throttle_reasons"]
                 bad = mask & self.throttle_mask
-                self._step(runs["throttle"], bool(bad), t,
-                           (lambda: {"reasons": decode_throttle_reasons(bad), "mask": mask}) if bad else None)
+                run = runs["throttle"]
+                if bad or run["on"] or run["open"] is not None:
+                    self._step(run, bool(bad), t,
+                               (lambda: {"reasons": decode_throttle_reasons(bad), "mask": mask}) if bad else None)
             # clock below peers
-            if gid in clock_medians:
-                med = clock_medians[gid]
-                clk = busy[gid]
-                slow = med > 0 and clk < (1.0 - self.clock_rel) * med
-                self._step(runs["clock_below_peers"], slow, t,
-                           (lambda: {"sm_clock": clk, "peer_median": med, "ratio": clk / med}) if slow else None)
+            if clock_peers and gid in busy:
+                run = runs["clock_below_peers"]
+                if clock_quiet:
+                    if run["on"] or run["open"] is not None:
+                        self._step(run, False, t, None)
+                else:
+                    med = clock_medians[gid]
+                    clk = busy[gid]
+                    slow = med > 0 and clk < (1.0 - self.clock_rel) * med
+                    if slow or run["on"] or run["open"] is not None:
+                        self._step(run, slow, t,
+                                   (lambda: {"sm_clock": clk, "peer_median": med, "ratio": clk / med}) if slow else None)
             # temperature
             if gid in temps:
+                run = runs["temperature_outlier"]
+                if temp_quiet:
+                    if run["on"] or run["open"] is not None:
+                        self._step(run, False, t, None)
+                    continue
                 temp = temps[gid]
                 hot = temp >= self.temp_limit
                 ev: dict[str, Any] = {"temperature": temp}
@@ -400,10 +482,12 @@ class GpuDegradation(Detector):
                         mad = _median([abs(v - med) for v in peers])
                         hot = hot or excess > max(self.temp_margin, self.z * 1.4826 * mad)
                         ev.update(peer_median=med, peer_mad=mad, excess=excess)
-                self._step(runs["temperature_outlier"], hot, t, (lambda: ev) if hot else None)
+                if hot or run["on"] or run["open"] is not None:
+                    self._step(run, hot, t, (lambda: ev) if hot else None)
 
     def _step(self, run: dict[str, Any], cond: bool, t: float, evidence: Any) -> None:
         """One sample of one condition; ``evidence()`` builds its evidence when it holds."""
+        was = bool(run["on"]) or run["open"] is not None
         if cond:
             run["on"] += 1
             run["off"] = 0
@@ -417,6 +501,7 @@ class GpuDegradation(Detector):
             run["on"] = 0
             if run["open"] is not None and run["off"] >= self.min_samples:
                 run["open"] = None
+        self._active += (bool(run["on"]) or run["open"] is not None) - was
 
     def tick(self, now: float) -> None:
         now = _check_time(now, "now")
@@ -424,16 +509,21 @@ class GpuDegradation(Detector):
         self._expire()
 
     def _expire(self) -> None:
+        if not self._queued:
+            return
         horizon = max(self.hold, self.window)
         for g in self._gpus.values():
             for q in g["events"].values():
                 while q and self._now - q[0][0] > horizon:
                     q.popleft()
+                    self._queued -= 1
 
     # -- results -------------------------------------------------------------
     @property
     def findings(self) -> list[Finding]:
         out: list[Finding] = []
+        if not self._active and not self._queued:
+            return out  # a healthy node, the common case
         for gid, g in self._gpus.items():
             runs, events = g["runs"], g["events"]
             if not (events["ecc_dbe"] or events["ecc_sbe"] or events["nvlink_errors"]) and \

@@ -46,7 +46,7 @@ from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _
 from vigil.detectors.inputs import PROGRESS, Progress
 from vigil.schemas import Checkpoint, JobState, ProcessExit, to_seconds
 
-#: Unicron's multiple of the mean step time: the default ``k`` (its one home; the benchmarks read it here).
+#: The default multiple of the mean step time (DESIGN.md's k = 3): one home, read by the benchmarks' scoring.
 DEFAULT_K = 3.0
 
 

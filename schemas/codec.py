@@ -129,41 +129,56 @@ def _fast(raw: bytes, accept: Collection[str] | None = None) -> list[Envelope] |
 
     pydantic's core parses and validates the JSON in one pass, several times
     faster than json.loads + per-item validation; a batch of several types (a
-    node's samples) goes through a union discriminated by ``event_type``.
-    Returns None when the message is not of that shape or anything in it
-    fails, when an item did not state its own ``event_id`` and ``version``
-    (a default must not stand in for them: what the validator saw set is what
-    counts, as a marker in the bytes could sit in a nested object), or when
-    an item is not of a type in ``accept``: the slow path then finds which
-    items are bad and why.
+    node's samples) goes through a union discriminated by ``event_type``: the
+    types of ``accept`` (the topic's), else those the bytes name. Returns None
+    when the message is not of that shape or anything in it fails, when an
+    item did not state its own ``event_type``, ``event_id`` and ``version`` (a
+    default must not stand in for them: what the validator saw set is what
+    counts, as a marker in the bytes could sit in a nested object), or when an
+    item is not of a type in ``accept``: the slow path then finds which items
+    are bad and why.
     """
-    marks = _TYPE_MARK.findall(raw)
-    types = set(marks)
-    if not types:
-        return None
-    found = [EVENT_TYPES.get(t.decode()) for t in types]
-    if None in found:
-        return None
-    models = tuple(sorted(found, key=lambda m: m.__name__))  # type: ignore[union-attr]
-    try:
-        if raw.lstrip()[:1] == b"[":
-            events = _list_adapter(models).validate_json(raw, strict=True)
-            # Each item must have said its own type (the marker could sit inside a string).
-            if len(events) != len(marks):
-                return None
-        elif len(models) != 1:
+    if accept:
+        models = _models(frozenset(accept))
+        if models is None:
             return None
+    else:
+        types = set(_TYPE_MARK.findall(raw))
+        if not types:
+            return None
+        found = [EVENT_TYPES.get(t.decode()) for t in types]
+        if None in found:
+            return None
+        models = tuple(sorted(found, key=lambda m: m.__name__))  # type: ignore[union-attr]
+    first = raw[:1]
+    if first in _BLANK:
+        first = raw.lstrip()[:1]
+    try:
+        if first == b"[":
+            events = _list_adapter(models).validate_json(raw, strict=True)
         else:
-            events = [models[0].model_validate_json(raw, strict=True)]
+            events = [_one_adapter(models).validate_json(raw, strict=True)]
     except (ValidationError, ValueError):
         return None
+    if not events:
+        return None  # an empty batch: the slow path says so
     for event in events:
         given = event.model_fields_set
-        if "event_id" not in given or "version" not in given:
+        if "event_type" not in given or "event_id" not in given or "version" not in given:
             return None
     if accept is not None and any(event.event_type not in accept for event in events):  # type: ignore[attr-defined]
         return None
     return events
+
+
+_BLANK = (b" ", b"\t", b"\n", b"\r")
+
+
+@functools.lru_cache(maxsize=64)
+def _models(accept: frozenset[str]) -> tuple[type[Envelope], ...] | None:
+    """The models of the event types in ``accept`` (None when one is not an event type)."""
+    found = [EVENT_TYPES.get(t) for t in accept]
+    return None if None in found else tuple(sorted(found, key=lambda m: m.__name__))  # type: ignore[union-attr]
 
 
 @functools.lru_cache(maxsize=64)
@@ -172,6 +187,13 @@ def _list_adapter(models: tuple[type[Envelope], ...]) -> TypeAdapter:
         return TypeAdapter(list[models[0]])  # type: ignore[valid-type]
     union = Annotated[Union[models], Field(discriminator="event_type")]  # type: ignore[valid-type]
     return TypeAdapter(list[union])  # type: ignore[valid-type]
+
+
+@functools.lru_cache(maxsize=64)
+def _one_adapter(models: tuple[type[Envelope], ...]) -> TypeAdapter:
+    if len(models) == 1:
+        return TypeAdapter(models[0])
+    return TypeAdapter(Annotated[Union[models], Field(discriminator="event_type")])  # type: ignore[valid-type]
 
 
 def decode(raw: bytes | None, accept: Collection[str] | None = None) -> Decoded:

@@ -18,7 +18,7 @@ core can produce what tens of thousands of GPUs send:
 * each job's state (``running``; ``failed`` and ``running`` again when it is
   requeued after a fault).
 
-Messages are formatted from templates (the same JSON that
+Messages are formatted from templates (:mod:`vigil.sim.wire`: the same JSON that
 :func:`vigil.schemas.encode` writes for the same events, checked by the tests), not
 built as pydantic models: building 30,000 models a second would cost the generator
 more than the worker it loads. Faults are rare and built as models.
@@ -32,10 +32,14 @@ waits (1 s at a time) until a target is free. What a fault does and how it ends:
                 ``remedy_s`` its scheduler marks it failed and requeues it (same nodes)
 ``process_exit``a rank is killed (SIGKILL); as above
 ``hang``        the job stops stepping; requeued ``3 x D_iter + remedy_s`` later
-``xid``         XID 79 on a GPU of a node (no other effect, as in the simulator)
+``xid``         XID 79 (the GPU fell off the bus) on a GPU of a node; the rank using it exits (code
+                1) and its job stops, to be requeued as above; the node is broken from then on
+                (nothing repairs it here): it takes no other XID or loss (the detector holds an
+                XID's incident, one per node, for minutes)
 ``node_lost``   the node stops sending (heartbeats, samples) for ``node_down_s``; its job stops and
                 is requeued once the node is back; one node at a time, ``node_loss_gap_s`` apart
-                (the correlator makes many nodes silent together one ``nodes_silent`` incident)
+                (the correlator makes many nodes silent together one ``nodes_silent`` incident); a
+                node back from a loss is not lost again before it has been heard for ``node_down_s``
 ``fail_slow``   one GPU of a running job computes ``1 + slowdown`` times longer (its samples show a
                 throttled, hot, slow GPU) for ``slow_steps`` steps; the job is then requeued
 ==============  =====================================================================================
@@ -52,11 +56,8 @@ it is (the wall clock for a live benchmark, a simulated one for tests).
 from __future__ import annotations
 
 import heapq
-import json
 import math
 import random
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -65,8 +66,9 @@ from vigil.schemas import (
     from_seconds,
 )
 from vigil.sim.simulator import Fault, SimJob
+from vigil.sim.wire import NODE_RECORDS, StepColumns, Wire
 
-__all__ = ["JOB_SIZES", "KINDS", "Injection", "LoadGenerator", "Message", "plan_jobs"]
+__all__ = ["JOB_SIZES", "KINDS", "NODE_RECORDS", "Injection", "LoadGenerator", "Message", "plan_jobs"]
 
 #: The fault kinds, as the benchmark names them, and the simulator's fault kind for each.
 KINDS: dict[str, str] = {"exception": "exception", "process_exit": "process_exit", "xid": "xid",
@@ -75,8 +77,6 @@ KINDS: dict[str, str] = {"exception": "exception", "process_exit": "process_exit
 #: ones (the shape of the published cluster traces: Meta's research clusters, Alibaba PAI, Acme).
 JOB_SIZES: tuple[tuple[int, float], ...] = ((8, 0.22), (16, 0.16), (32, 0.15), (64, 0.14), (128, 0.11),
                                            (256, 0.09), (512, 0.06), (1024, 0.04), (2048, 0.02), (4096, 0.01))
-#: Records in one node message: the heartbeat, one sample per GPU, the NIC counters.
-NODE_RECORDS = 1 + GPUS_PER_NODE + 1
 
 
 class Message(NamedTuple):
@@ -131,12 +131,7 @@ def plan_jobs(nodes: list[str], rng: random.Random, busy_fraction: float = 0.9, 
 @dataclass
 class _Job:
     spec: SimJob
-    ranks: str  # JSON fragments of the columns that never change
-    nodes: str
-    gpus: str
-    dp: str
-    pp: str
-    tp: str
+    columns: StepColumns
     key: bytes
     state: str = "running"  # running | stopped (a fault stopped it) | down (between failed and running)
     step: int = 0
@@ -204,16 +199,7 @@ class LoadGenerator:
         self.jobs: dict[str, _Job] = {}
         self._job_of: dict[str, str] = {}
         for spec in specs:
-            world = range(spec.world_size)
-            place = [spec.placement(r) for r in world]
-            coords = [spec.coordinates(r) for r in world]
-            self.jobs[spec.name] = _Job(
-                spec, ranks=json.dumps(list(world), separators=(",", ":")),
-                nodes=json.dumps([n for n, _ in place], separators=(",", ":")),
-                gpus=json.dumps([g for _, g in place], separators=(",", ":")),
-                dp=json.dumps([c[0] for c in coords], separators=(",", ":")),
-                pp=json.dumps([c[1] for c in coords], separators=(",", ":")),
-                tp=json.dumps([c[2] for c in coords], separators=(",", ":")), key=spec.name.encode())
+            self.jobs[spec.name] = _Job(spec, StepColumns.of(spec), key=spec.name.encode())
             for n in spec.nodes:
                 self._job_of[n] = spec.name
         #: the faults injected so far, in order (the ground truth)
@@ -222,10 +208,11 @@ class LoadGenerator:
         self.messages = 0
         self._queue: list[_Due] = []
         self._seq = 0
-        self._ids = _Ids()
-        self._iso = _Iso()
+        self._wire = Wire(cluster)
         self._hb_seq = [0] * len(self.nodes)
         self._down: set[int] = set()  # nodes lost right now
+        self._back_at: dict[int, float] = {}  # node -> when it came back from its last loss
+        self._broken: set[int] = set()  # nodes with a GPU that fell off the bus
         self._slow_gpus: dict[tuple[int, int], float] = {}  # (node index, gpu) -> slowdown
         self._nic = [[0.0, 0.0, 0.0, 0.0] for _ in self.nodes]
         self._last_sample = [start] * len(self.nodes)
@@ -287,6 +274,7 @@ class LoadGenerator:
                 out.append(self._state(self.jobs[name], state, why, due.at))
             elif what == "node_back":
                 self._down.discard(target)  # type: ignore[arg-type]
+                self._back_at[target] = due.at  # type: ignore[index]
                 self._hb_seq[target] = 0  # type: ignore[index]  # the agent restarted
             elif what == "gpu_ok":
                 inj: Injection = target  # type: ignore[assignment]
@@ -321,37 +309,26 @@ class LoadGenerator:
         if i in self._down:
             return None
         node = self.nodes[i]
-        when = self._iso(at)
-        ids = self._ids
         rnd = self._rng.random
         seq = self._hb_seq[i]
         self._hb_seq[i] = seq + 1
-        head = f'"version":1,"event_time":"{when}","source":{{"cluster":"{self.cluster}","node":"{node}"'
-        parts = [f'[{{"event_id":"{ids()}",{head}}},"event_type":"heartbeat","seq":{seq},"interval_s":1.0}}']
         busy = node in self._job_of
+        gpus = []
         for g in range(GPUS_PER_NODE):
             slow = self._slow_gpus.get((i, g), 0.0)
-            if busy:
-                util, mem, clock = "97.0", 64424509440, 1980.0 * (1 + 0.01 * (rnd() - 0.5)) / (1 + slow)
+            if busy:  # a throttled (slowed) GPU runs a lower clock, hotter
+                clock = 1980.0 * (1 + 0.01 * (rnd() - 0.5)) / (1 + slow)
                 temp, power = 62 + 4 * (rnd() - 0.5) + (25 if slow else 0), 650 + 40 * (rnd() - 0.5)
             else:  # an idle GPU: low clock, cool, little power
-                util, mem, clock = "0.0", 524288000, 210.0 + 10 * (rnd() - 0.5)
+                clock = 210.0 + 10 * (rnd() - 0.5)
                 temp, power = 34 + 4 * (rnd() - 0.5), 60 + 10 * (rnd() - 0.5)
-            parts.append(
-                f'{{"event_id":"{ids()}",{head},"gpu":{g}}},"event_type":"gpu_telemetry","utilization_pct":{util},'
-                f'"memory_used_bytes":{mem},"memory_total_bytes":85899345920,"temperature_c":{round(temp, 1)},'
-                f'"sm_clock_mhz":{round(clock, 1)},"mem_clock_mhz":2619.0,"power_w":{round(power, 1)},'
-                f'"throttle_reasons":{0x20 if slow else 0},"ecc_sbe":0,"ecc_dbe":0,"pcie_replays":0,"nvlink_errors":{{}}}}')
+            gpus.append((busy, clock, temp, power, 0x20 if slow else 0))
         dt = at - self._last_sample[i]
         self._last_sample[i] = at
         nic = self._nic[i]
         for k, rate in enumerate((40.0, 40.0, 60.0, 1000.0)):  # CNP sent/handled, ECN marked, xmit wait
             nic[k] += rate * (0.8 + 0.4 * rnd()) * dt
-        parts.append(
-            f'{{"event_id":"{ids()}",{head}}},"event_type":"nic_counters","device":"mlx5_0","port":1,"counters":'
-            f'{{"np_cnp_sent":{int(nic[0])},"rp_cnp_handled":{int(nic[1])},"np_ecn_marked_roce_packets":{int(nic[2])},'
-            f'"port_xmit_wait":{int(nic[3])},"link_downed":0,"symbol_error":0}},"port_state":"ACTIVE"}}]')
-        return Message("node_samples", node.encode(), ",".join(parts).encode(), NODE_RECORDS)
+        return Message("node_samples", node.encode(), self._wire.node(node, at, seq, gpus, nic), NODE_RECORDS)
 
     def _plan_step(self, job: _Job, begin: float) -> None:
         """The job's next step from ``begin`` (the simulator's model): each rank computes for the step's
@@ -382,13 +359,8 @@ class LoadGenerator:
         if job.busy and job.state == "running" and job.steps_since_start >= self.warm_steps and not job.slow:
             job.busy = False
         self._plan_step(job, end)
-        value = (f'{{"event_id":"{self._ids()}","version":1,"event_time":"{self._iso(end)}","source":{{"cluster":'
-                 f'"{self.cluster}","job":"{spec.name}"}},"event_type":"iteration_step","step":{step},'
-                 f'"start":"{self._iso(begin)}","end":"{self._iso(end)}","duration_s":{duration!r},'
-                 f'"ranks":{job.ranks},"nodes":{job.nodes},"gpus":{job.gpus},"compute_s":{_floats(computes)},'
-                 f'"communication_s":{_floats(comm)},"dp":{job.dp},"pp":{job.pp},"tp":{job.tp},"wait_s":[],'
-                 f'"measured":{{}}}}')
-        return Message("iteration_step", job.key, value.encode(), spec.world_size)
+        value = self._wire.step(spec.name, step, begin, end, duration, job.columns, computes, comm)
+        return Message("iteration_step", job.key, value, spec.world_size)
 
     def _state(self, job: _Job, state: str, why: str, at: float) -> Message:
         spec = job.spec
@@ -477,7 +449,8 @@ class LoadGenerator:
                 return out
             free_jobs = {j.spec.name for j in self._free_jobs(self.warm_steps)}
             candidates = [i for i, n in enumerate(self.nodes)
-                          if self._job_of.get(n) is None or self._job_of[n] in free_jobs]
+                          if (self._job_of.get(n) is None or self._job_of[n] in free_jobs) and i not in self._broken
+                          and at - self._back_at.get(i, -math.inf) >= self.node_down_s]
             if not candidates:
                 self._push(at + 1.0, "fault", kind)
                 return out
@@ -499,52 +472,37 @@ class LoadGenerator:
             self.injections.append(inj)
             return out
         if kind == "xid":
-            busy = {n for j in self.jobs.values() if j.busy for n in j.spec.nodes}
-            candidates = [i for i, n in enumerate(self.nodes) if i not in self._down and n not in busy]
+            # a node of a job free to stop (running, past its warm-up) or an idle one, never a broken one
+            free_jobs = {j.spec.name for j in self._free_jobs(self.warm_steps)}
+            candidates = [i for i, n in enumerate(self.nodes) if i not in self._down and i not in self._broken
+                          and (self._job_of.get(n) is None or self._job_of[n] in free_jobs)]
             if not candidates:
                 self._push(at + 1.0, "fault", kind)
                 return out
             i = rng.choice(candidates)
             node, gpu = self.nodes[i], rng.randrange(GPUS_PER_NODE)
+            self._broken.add(i)
             fault = Fault("xid", node, at - self.start, gpu=gpu, code=79, injected_at=sent)
             bus = f"0000:{0x18 + 0x10 * gpu:02x}:00"
+            name = self._job_of.get(node)
             ev3 = XidError(event_time=from_seconds(sent), source=Source(cluster=self.cluster, node=node, gpu=gpu),
                            code=79, pci_bus_id=bus, pid=4242, process_name="python",
                            message="GPU has fallen off the bus (injected)",
                            raw_line=f"NVRM: Xid (PCI:{bus}): 79, pid=4242, name=python, GPU has fallen off the bus")
-            self.injections.append(Injection(kind, fault, job=self._job_of.get(node), ended_at=sent))
-            return [Message("xid", node.encode(), encode(ev3), 1)]
+            out.append(Message("xid", node.encode(), encode(ev3), 1))
+            inj = Injection(kind, fault, job=name, ended_at=sent)
+            if name is not None:  # the rank on that GPU dies with it, and the job stops until requeued
+                job = self.jobs[name]
+                rank = job.spec.nodes.index(node) * GPUS_PER_NODE + gpu
+                fault.rank = rank
+                inj.iteration_s = job.spec.iteration_s
+                job.busy = True
+                self._stop(job)
+                ev4 = ProcessExit(event_time=from_seconds(sent), source=Source(
+                    cluster=self.cluster, node=node, job=name, rank=rank, gpu=gpu), pid=4242, exit_code=1, local_rank=gpu)
+                out.append(Message("process_exit", node.encode(), encode(ev4), 1))
+                self._requeue(job, at + self.remedy_s, f"xid 79 on {node} GPU {gpu}", inj)
+            self.injections.append(inj)
+            return out
         raise ValueError(f"unknown fault kind {kind!r}")
 
-
-def _floats(values: list[float]) -> str:
-    return json.dumps(values, separators=(",", ":"))
-
-
-class _Ids:
-    """Unique event ids, cheaply: a random UUID's first 20 hex digits and a counter."""
-
-    def __init__(self) -> None:
-        head = uuid.uuid4().hex
-        self.prefix = f"{head[:8]}-{head[8:12]}-4{head[13:16]}-8{head[17:20]}-"
-        self.n = 0
-
-    def __call__(self) -> str:
-        self.n += 1
-        return f"{self.prefix}{self.n:012x}"
-
-
-class _Iso:
-    """Seconds since the epoch to the JSON time string, the date part cached per second."""
-
-    def __init__(self) -> None:
-        self._sec = -1
-        self._prefix = ""
-
-    def __call__(self, t: float) -> str:
-        us = int(t * 1_000_000)
-        sec, micro = divmod(us, 1_000_000)
-        if sec != self._sec:
-            self._sec = sec
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-        return f"{self._prefix}.{micro:06d}Z"

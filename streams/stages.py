@@ -30,7 +30,7 @@ import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from vigil.detectors import DetectorError
 from vigil.detectors.chain import RunChain
@@ -45,7 +45,7 @@ from vigil.streams.kafka import dead_letter, refused_event
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AlertFlow", "CorrelateStage", "DecideStage", "DetectStage", "Place"]
+__all__ = ["AlertFlow", "CorrelateStage", "DecideStage", "DetectStage", "Place", "build_stages"]
 
 
 @dataclass(frozen=True)
@@ -148,8 +148,13 @@ class DetectStage:
             nodes, jobs = self.subjects_of.pop(place)
             self.engine.forget(nodes=nodes, jobs=jobs)
 
-    def tick(self, now: float) -> list[DetectorFinding]:
-        return self.engine.tick(now)
+    def tick(self, now: float, states: Sequence[Envelope] = ()) -> list[DetectorFinding]:
+        """The job and node states heard since the last tick, then the timers: a job that ended (or a node
+        that left) before this tick is not judged silent, and its hang is never raised."""
+        out: list[DetectorFinding] = []
+        for event in states:
+            out += self.on_lifecycle(event, now)
+        return out + self.engine.tick(now)
 
 
 class CorrelateStage:
@@ -172,6 +177,8 @@ class CorrelateStage:
         if event.state in JOB_ENDED and event.source.job:
             # a job that ended takes its incidents with it (their cause, the job, is gone)
             return self.correlator.job_ended(event.source.job, to_seconds(event.event_time), event.state)
+        if event.state in ("pending", "running") and event.source.job:  # a new run begins (or goes on)
+            self.correlator.job_started(event.source.job, to_seconds(event.event_time))
         return []
 
     def chain_findings(self, now: float) -> list[DetectorFinding]:
@@ -283,6 +290,22 @@ class AlertFlow:
                 self._mark(ev.event_id)
                 out.append(ev)
         return out
+
+
+def build_stages(config: Any, params: Any = None, telemetry: tuple[str, ...] = ()) -> tuple[DetectStage, AlertFlow]:
+    """A worker's stages as ``config`` (a :class:`~vigil.streams.config.StreamConfig`) wires them: the
+    worker's own, and a replay's on a simulated clock (the same path, no Kafka). ``params``: the detection
+    engine's (default ``config.engine``); ``telemetry``: the event types the detect stage reads. Returns
+    the detect stage and the flow through correlate and decide (decide only when ``config.decide``)."""
+    from vigil.streams.engine.escalation import Escalation
+    from vigil.streams.engine.planning import replan
+
+    correlator = Correlator()
+    decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
+                             replan=replan if config.replan else None) if config.decide else None
+    detect = DetectStage(DetectionEngine(params or config.engine), key_of_topics(config, telemetry))
+    correlate = CorrelateStage(correlator, chain=RunChain(**config.chain))
+    return detect, AlertFlow(correlate, DecideStage(decider) if decider is not None else None)
 
 
 def key_of_topics(config: Any, event_types: tuple[str, ...]) -> dict[str, str]:

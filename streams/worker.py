@@ -44,16 +44,11 @@ from vigil.schemas import (
     Alert, Decision, DetectorFinding, Envelope, JobState, NodeState, decode, encode, message_key, topic_accepts,
 )
 from vigil.streams.config import StreamConfig
-from vigil.streams.engine.decisions import DecisionEngine
-from vigil.streams.engine.detection import DetectionEngine, EngineParams
-from vigil.detectors.chain import RunChain
-from vigil.streams.engine.escalation import Escalation
-from vigil.streams.engine.incidents import Correlator
-from vigil.streams.engine.planning import replan
+from vigil.streams.engine.detection import EngineParams
 from vigil.streams.plugins import load_plugins
 from vigil.streams.kafka import rewind_shrunk
 from vigil.streams.recovery import window_starts
-from vigil.streams.stages import AlertFlow, CorrelateStage, DecideStage, DetectStage, Place, key_of_topics
+from vigil.streams.stages import Place, build_stages
 
 log = logging.getLogger(__name__)
 
@@ -224,13 +219,8 @@ class Worker:
         params = params or config.engine
         if self.plugins:
             params = EngineParams(**{**params.__dict__, "plugins": tuple(self.plugins.values())})
-        correlator = Correlator()
-        decider = DecisionEngine(Escalation(**config.escalation), recovered=correlator.recovered,
-                                 replan=replan if config.replan else None) if config.decide else None
-        self.detect = DetectStage(DetectionEngine(params), key_of_topics(config, TELEMETRY))
-        self.correlate = CorrelateStage(correlator, chain=RunChain(**config.chain))
-        self.decide = DecideStage(decider) if decider is not None else None
-        self.flow = AlertFlow(self.correlate, self.decide)
+        self.detect, self.flow = build_stages(config, params, TELEMETRY)
+        self.correlate, self.decide = self.flow.correlate, self.flow.decide
         self.findings_topic = config.topic("finding")
         self.findings_tp = (self.findings_topic, 0)
         self._urgent = frozenset([config.topic(t) for t in URGENT] + [self.findings_topic])
@@ -357,15 +347,16 @@ class Worker:
             return  # rebuilding: timers would judge silence from half a picture
         if self._pulse.last_ok is not None and self.consuming:
             self.detect.engine.heard(self._pulse.last_ok)  # reachable and consuming
-        self._found(self.detect.tick(now), now)
+        polled = self._broadcast.poll() if self._broadcast is not None else []
+        # every worker takes the job and node states (its jobs and nodes may be among them), before the
+        # timers: a job that ended or a node that left since the last tick is not judged silent
+        self._found(self.detect.tick(now, [ev for ev, _ in polled if isinstance(ev, (JobState, NodeState))]), now)
         if self._broadcast is None:
             return
-        for ev, live in self._broadcast.poll():
+        for ev, live in polled:
             if isinstance(ev, (Alert, Decision)):
                 self.flow.learn_published([ev])
             else:
-                if isinstance(ev, (JobState, NodeState)):  # every worker: its jobs and nodes may be among them
-                    self._found(self.detect.on_lifecycle(ev, now), now)
                 self._heard_back.append((ev, live))
         if self.owns_correlation and not self._broadcast.caught_up:
             return  # what was published before it started must be known before it publishes

@@ -22,7 +22,11 @@ meanwhile, completed when the straggler node that a checkpoint-restart
 left behind comes back) teach it how long the next one will last. The ski rental is
 offered only the strategies that the job's layout allows (micro-batches need
 two replicas, a topology adjustment two pipeline stages). When nothing is
-left to try, a sev1 ``recovery_failed`` alert calls a human.
+left to try, or the job fails while being recovered, a sev1 ``recovery_failed``
+alert calls a human, only when an actuator carried a remedy out (took it up:
+a result was heard): with no actuator the decisions are advice, and the
+failures' own alerts have paged. A job that ends and starts again (requeued
+by its scheduler) is a new run: its failures enter the ladder afresh.
 
 Pure: no Kafka, time is an argument.
 
@@ -91,6 +95,8 @@ class _Decided:
     started_at: float | None = None
     #: a graver remedy of the same job took over this one's failures: its own failure climbs nothing
     superseded: bool = False
+    #: an actuator took it up (a result was heard): only then can it have failed
+    heard: bool = False
 
 
 @dataclass
@@ -165,6 +171,8 @@ class DecisionEngine:
         self._recovered_at: dict[str, tuple[float, int]] = {}
         #: job -> (slow node, healthy and slow iteration time, slowdown class) of its fail-slow
         self._failslow_ctx: dict[str, tuple[str | None, float, float, str]] = {}
+        #: job -> when its current run began (it arrived, or was requeued after it ended)
+        self._run_began: dict[str, float] = {}
 
     # -- alerts ------------------------------------------------------------
     def on_alert(self, alert: Alert, now: float) -> list[Envelope]:
@@ -326,6 +334,7 @@ class DecisionEngine:
         if decided is None or result.event_id in self._results_seen:
             return []
         self._results_seen.add(result.event_id)
+        decided.heard = True
         if result.state == "running":
             decided.started_at = now
             return []
@@ -375,6 +384,12 @@ class DecisionEngine:
             arrived = event.state in ("pending", "running") and (prev is None or prev.state in JOB_ENDED)
             finished = event.state in JOB_ENDED and prev is not None and prev.state not in JOB_ENDED
             out: list[Envelope] = []
+            if arrived:
+                # A new run (a requeue by its scheduler is one): its failures are not the last run's
+                # returning, and what was decided for that run is no remedy of this one.
+                self._run_began[job] = now
+                self.escalation.forget_job(job)
+                self._inflight.pop(job, None)
             if event.state == "failed" and (prev is None or prev.state != "failed"):
                 out += self._recovery_gave_up(job, event.reason, now)
             if event.state in JOB_ENDED:
@@ -409,17 +424,25 @@ class DecisionEngine:
         return {j: i.spec for j, i in self.jobs.items()
                 if i.spec is not None and i.spec.state in ("pending", "running", "restarting")}
 
+    def _remedies(self, job: str, now: float, kind: str | None = None) -> list[_Decided]:
+        """The job's ladder remedies of its current run decided within the escalation window (of
+        ``kind`` when given)."""
+        since = max(now - self.escalation.window_s, self._run_began.get(job, float("-inf")))
+        return [d for d in self._decided.values() if d.job == job and d.action in LADDER and d.at >= since
+                and (kind is None or d.kind == kind)]
+
     def _recovery_gave_up(self, job: str, reason: str, now: float) -> list[Envelope]:
-        """A job that failed while vigil was recovering it (a remedy decided within the escalation
-        window): automatic recovery failed, and a human is called. A job that fails with no
-        remedy tried was never vigil's to recover: its own alerts already say why."""
-        recent = [d for d in self._decided.values()
-                  if d.job == job and d.action in LADDER and now - d.at <= self.escalation.window_s]
+        """A job that failed while vigil was recovering it (a remedy of this run, decided within the
+        escalation window, that an actuator took up): automatic recovery failed, and a human is called.
+        A job that fails with no remedy tried, or none carried out (no actuator took the decisions: the
+        scheduler handles its failures), was never vigil's to recover: its own alerts already say why."""
+        recent = self._remedies(job, now)
         latest = max(recent, key=lambda d: d.at, default=None)
-        if latest is None or latest.action == "notify_human":  # (a human was called already)
+        tried = max((d for d in recent if d.heard), key=lambda d: d.at, default=None)
+        if latest is None or latest.action == "notify_human" or tried is None:  # (a human was called already)
             return []
-        return [self._recovery_failed(job, latest.kind, latest.answers, now,
-                                      f"job {job} failed after {latest.action}: {reason or 'no reason given'}")]
+        return [self._recovery_failed(job, tried.kind, tried.answers, now,
+                                      f"job {job} failed after {tried.action}: {reason or 'no reason given'}")]
 
     def _job_ended(self, job: str, now: float) -> None:
         """The job ended (finished, cancelled, gave up): nothing waits to be decided for it any more."""
@@ -484,9 +507,10 @@ class DecisionEngine:
             plan = {}
         if kind in DIAGNOSE and action in ("restart_process", "checkpoint_restart"):
             plan["collect_diagnostics"] = list(DIAGNOSE[kind])
+        tried = any(d.heard for d in self._remedies(job, now, kind))
         decision = self._decide(job, kind, action, source_alert, now, reason, plan, answers=answers, culprit=culprit)
         out: list[Envelope] = [decision]
-        if action == "notify_human":
+        if action == "notify_human" and tried:  # a page only when a remedy of vigil's was carried out and failed
             out.append(self._recovery_failed(job, kind, answers, now, reason))
         return out
 

@@ -33,7 +33,11 @@ no such event is still judged.
 Timers: ``silence`` detectors (heartbeat loss, hang) are ticked every tick
 but only once their subject has been quiet past their timeout *as far as
 the worker can tell* (a worker that hears nothing at all is deaf, not the
-cluster silent); the others age their windows once a second.
+cluster silent); the others age their windows once a second. A worker
+reading some feed far behind judges silence in the log's own time instead:
+a subject is silent when its feed carried others' messages past its last one
+by more than its timeout (late, but not missed; the gaps in the worker's own
+reading are not silence).
 """
 
 from __future__ import annotations
@@ -105,8 +109,8 @@ class EngineParams:
 class _Key:
     """One job or node: its detectors (made on first input), and what the engine knows of it."""
 
-    __slots__ = ("per", "name", "owner", "cluster", "detectors", "last_arrival", "nodes", "steps", "engine",
-                 "changed_step")
+    __slots__ = ("per", "name", "owner", "cluster", "detectors", "last_arrival", "last_event", "feed", "mark",
+                 "nodes", "steps", "engine", "changed_step")
 
     def __init__(self, per: str, name: str, cluster: str, engine: "DetectionEngine") -> None:
         self.per = per
@@ -115,6 +119,9 @@ class _Key:
         self.cluster = cluster
         self.detectors: dict[str, Detector] = {}
         self.last_arrival = float("-inf")
+        self.last_event = float("-inf")  # the newest event time of its signs of life
+        self.feed: Any = None  # where it was read from (a partition)
+        self.mark = float("-inf")  # how far that feed had been read then, in the feed's own time
         self.nodes: set[str] = set()  # a job's nodes
         self.steps = StepAssembler() if per == "job" else None
         self.engine = engine
@@ -175,6 +182,8 @@ class DetectionEngine:
             self._pers[item] = tuple(sorted({*self._pers.get(item, ()), "job"}))
         #: event types whose arrival says a node's stream is alive (those its silence detectors consume)
         self._node_liveness = {i for (per, i), cs in self._routes.items() if per == "node" and any(c.silence for c in cs)}
+        #: (per, event type) -> how an event is routed (:meth:`_plan`), made on first use
+        self._plans: dict[tuple[str, str], tuple[bool, int, tuple[type[Detector], ...]]] = {}
         self.jobs: dict[str, _Key] = {}
         self.nodes: dict[str, _Key] = {}
         #: (per, name) -> when it ended or left: what its source stamped before is past
@@ -202,6 +211,9 @@ class DetectionEngine:
         self._feed_window: dict[Any, float] = {}
         #: feed -> (the tick that saw it last, that least delay)
         self._feeds: dict[Any, tuple[float, float]] = {}
+        #: feed -> the newest event time read from it (how far the log has been read, in its own time)
+        self._marks: dict[Any, float] = {}
+        self._feed: Any = None  # the feed of the message being routed
 
     # -- inputs ------------------------------------------------------------
     def future(self, event: Envelope, now: float) -> bool:
@@ -255,15 +267,23 @@ class DetectionEngine:
         seen = self._seen_ids
         pers_of = self._pers
         limit = now + self.params.max_future_s
+        self._feed = feed
+        mark = self._marks.get(feed, float("-inf")) if feed is not None else None
+        stamp, at = None, 0.0
+        route = self._route
         for event in events:
             ident = event.event_id.int
             if ident in seen:
                 continue
-            at = event.event_time.timestamp()
+            if event.event_time != stamp:  # a node's samples share one time: converted once
+                stamp = event.event_time
+                at = stamp.timestamp()
             if at > limit:
                 self.refused_future.append(event)
                 continue
             seen.add(ident)
+            if mark is not None and at > mark:
+                mark = self._marks[feed] = at
             etype: str = event.event_type  # type: ignore[attr-defined]
             pers = pers_of.get(etype)
             if not pers:
@@ -273,7 +293,7 @@ class DetectionEngine:
                 name = source.job if per == "job" else source.node
                 if name is None:
                     continue
-                found = self._route(per, name, etype, event, at, now, batches)
+                found = route(per, name, etype, event, at, now, batches)
                 if found:
                     out += found
         for (per, name, det_name), (items, t) in batches.items():
@@ -286,22 +306,37 @@ class DetectionEngine:
     def _keys(self, per: str) -> dict[str, _Key]:
         return self.jobs if per == "job" else self.nodes
 
+    def _plan(self, per: str, etype: str) -> tuple[bool, int, tuple[type[Detector], ...]]:
+        """How an event type is routed for a job or node key: whether it is a sign of life (an ended
+        subject's in-flight past is then ignored), which liveness it keeps (1: a job's, 2: a node's, 0:
+        none) and the detector classes consuming it."""
+        plan = self._plans[(per, etype)] = (
+            etype in _JOB_LIVENESS or etype in self._node_liveness,
+            1 if per == "job" and etype in _JOB_LIVENESS else 2 if per == "node" and etype in self._node_liveness else 0,
+            tuple(self._routes.get((per, etype), ())))
+        return plan
+
     def _route(self, per: str, name: str, etype: str, event: Envelope, at: float, now: float,
                batches: dict[tuple[str, str, str], list[Any]]) -> list[DetectorFinding]:
         keys = self.jobs if per == "job" else self.nodes
         key = keys.get(name)
-        ended = self._ended.get((per, name)) if self._ended else None
-        if ended is not None and (etype in _JOB_LIVENESS or etype in self._node_liveness):
-            if at <= ended:
-                return []  # a sign of life in flight when it ended: the past, not a new start
-            del self._ended[(per, name)]  # a new start (a requeued job, a restarted agent)
+        sign_of_life, liveness, classes = self._plans.get((per, etype)) or self._plan(per, etype)
+        if sign_of_life and self._ended:
+            ended = self._ended.get((per, name))
+            if ended is not None:
+                if at <= ended:
+                    return []  # a sign of life in flight when it ended: the past, not a new start
+                del self._ended[(per, name)]  # a new start (a requeued job, a restarted agent)
         stale = now - at > self.params.max_event_age_s
         out: list[DetectorFinding] = []
-        if per == "job" and etype in _JOB_LIVENESS:
+        if liveness == 1:
             if key is None and stale and etype != "collective":
                 return out  # an old log's job: not tracked
             key = key or self._new_key(per, name, event.source.cluster)
             key.last_arrival = now
+            if at > key.last_event:
+                key.last_event, key.feed = at, self._feed
+                key.mark = self._marks.get(self._feed, at)
             if isinstance(event, IterationStep):
                 key.nodes.update(event.nodes)
             elif event.source.node:
@@ -314,12 +349,15 @@ class DetectionEngine:
                 if event.config_change is not None:
                     out += self._announced(key, event.step, now)
                 out += self._derived(key, key.steps.on_step(event), now)  # type: ignore[union-attr]
-        elif per == "node" and etype in self._node_liveness:
+        elif liveness == 2:
             if key is None and stale:
                 return out  # an old log's node: not tracked
             key = key or self._new_key(per, name, event.source.cluster)
             key.last_arrival = now
-        for cls in self._routes.get((per, etype), ()):
+            if at > key.last_event:
+                key.last_event, key.feed = at, self._feed
+                key.mark = self._marks.get(self._feed, at)
+        for cls in classes:
             key = key or self._new_key(per, name, event.source.cluster)
             det = key.detectors.get(cls.name)
             if det is None:
@@ -327,9 +365,10 @@ class DetectionEngine:
                     continue
                 det = self._make(key, cls)
             if cls.batch:
-                batch = batches.get((per, name, cls.name))
+                slot = (per, name, cls.name)
+                batch = batches.get(slot)
                 if batch is None:
-                    batches[(per, name, cls.name)] = [[event], at]
+                    batches[slot] = [[event], at]
                 else:
                     batch[0].append(event)
                     if at > batch[1]:
@@ -410,7 +449,10 @@ class DetectionEngine:
         detector may only fire once its timeout has passed with nothing
         arriving from its subject: a worker reading a backlog (after a
         takeover, or while lagging) sees old timestamps that are not silence
-        in the cluster. Onsets stay in event time.
+        in the cluster. While some feed is read far behind (:meth:`behind`),
+        silence is judged in the log's own time instead: a subject whose feed
+        has carried its timeout's worth of others' messages since its last
+        one. Onsets stay in event time.
 
         Silence detectors are checked every tick (nodes first, then jobs); the
         others only age their windows (holds of minutes), so each is ticked
@@ -420,14 +462,28 @@ class DetectionEngine:
         out: list[DetectorFinding] = []
         alone = len(self.nodes) + len(self.jobs) <= 1
         feed_back_at, last_heard = self._feed_back_at, self._last_heard
-        for registry in () if self.behind(now) else self._silence:
+        behind, marks = self.behind(now), self._marks
+        for registry in self._silence:
             for key, det in registry.values():
+                timeout = det.timeout_s  # type: ignore[attr-defined]
+                if behind:
+                    # Judged in the log's own time: its feed carried others' messages for more than its
+                    # timeout past its last sign of life (the gaps in the worker's reading are not silence;
+                    # a silence in what was written is, however late it is read). The feed's progress is
+                    # measured in the feed's time and counted on the subject's own clock: no skew.
+                    # Only for subjects heard since the worker last went deaf: after an outage, producers
+                    # deliver what they held in any order, and one not yet read is not silent.
+                    mark = marks.get(key.feed)
+                    if mark is None or mark - key.mark <= timeout or key.last_arrival < feed_back_at:
+                        continue
+                    det.tick(key.last_event + (mark - key.mark))
+                    out += self._diff(key, det, now)
+                    continue
                 # Silent past its timeout as far as the worker can tell: only once it heard something
                 # (data, or its broker) after the timeout ran out (a worker that cannot hear does not
                 # know yet), unless it tracks this subject alone; not counting the time before its
                 # feed came back. Inlined: thousands of subjects every tick.
                 since = key.last_arrival if key.last_arrival > feed_back_at else feed_back_at
-                timeout = det.timeout_s  # type: ignore[attr-defined]
                 if now - since <= timeout or not (alone or last_heard - since > timeout):
                     continue
                 det.tick(now)

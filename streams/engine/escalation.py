@@ -118,6 +118,11 @@ class Escalation:
         a = self._attempts.get((job, kind))
         return list(a.history) if a else []
 
+    def forget_job(self, job: str) -> None:
+        """The job starts a new run (its scheduler requeued it): its failures start at their entry rungs."""
+        for key in [k for k in self._attempts if k[0] == job]:
+            del self._attempts[key]
+
     def forget_before(self, t: float) -> None:
         """Drop failures whose last remedy is older than ``t`` (bounded memory)."""
         for key in [k for k, a in self._attempts.items() if a.at < t]:

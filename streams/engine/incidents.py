@@ -22,8 +22,14 @@ culprit); the nodes that come back clear it, and nodes still silent
 ``silence_split_s`` after the others returned are handed back one by one.
 
 Only a cause that still holds explains a new finding: a lost node that came
-back, or a job that ended, takes no later fault into its incident. One
-exception: a hung job's flight-recorder verdict (``collective_stuck``, or the
+back, or a job that ended, takes no later fault into its incident. A cause
+explains only what was found after it began (within ``skew_s`` of clock skew
+between sources): a node lost a minute after an XID on it does not re-root
+the XID's incident, it is a new one. And a cause on a node explains a job's
+symptoms only within the run it began in: a job that ended and was started
+again (requeued by its scheduler) is a new run, whose failures are new
+incidents even on a node whose older incident is still open.
+One exception: a hung job's flight-recorder verdict (``collective_stuck``, or the
 recorder being unavailable) is taken from the ranks just before the restart
 that ends the hang, and may be heard after that restart closed the incident;
 within ``late_cause_s`` it still names that incident's cause, in a further
@@ -182,15 +188,19 @@ class Correlator:
 
     def __init__(self, cluster_emitter: str = "vigil-correlate", transient_hold_s: float = 600.0,
                  silence_group: int = 3, silence_window_s: float = 5.0, silence_split_s: float = 30.0,
-                 silence_hold_s: float = 1.5, late_cause_s: float = 60.0) -> None:
+                 silence_hold_s: float = 1.5, late_cause_s: float = 60.0, skew_s: float = 5.0) -> None:
         if silence_group < 2:
             raise ValueError(f"silence_group must be >= 2, got {silence_group}")
+        if not skew_s >= 0:
+            raise ValueError(f"skew_s must be >= 0 s, got {skew_s}")
         self.emitter = cluster_emitter
         self.transient_hold_s = transient_hold_s
         self.silence_group = silence_group
         self.silence_window_s = silence_window_s
         self.silence_split_s = silence_split_s
         self.silence_hold_s = silence_hold_s
+        #: clock skew allowed between the sources of a cause and of what it explains
+        self.skew_s = skew_s
         #: lost nodes held back a moment while another is silent: finding key -> (finding, when to open)
         self._held: dict[str, tuple[DetectorFinding, float]] = {}
         self.incidents: dict[uuid.UUID, Incident] = {}
@@ -200,6 +210,9 @@ class Correlator:
         self.late_cause_s = late_cause_s
         #: job -> (incident, when, why) of its last hang incident closed: see LATE_CAUSES
         self._closed_hangs: dict[str, tuple[Incident, float, str]] = {}
+        #: job -> when its current run began (it started, or its last run ended); jobs running now
+        self._run_began: dict[str, float] = {}
+        self._running: set[str] = set()
 
     def open_incidents(self) -> list[Incident]:
         return list(self.incidents.values())
@@ -234,12 +247,12 @@ class Correlator:
         # before its recovery: a node-rooted incident outlives the jobs moved off the node; not a
         # cause that has cleared: a node that came back explains nothing that happens later)
         for inc in self._by_age():
-            if any(explains(m, f) for k, m in inc.members.items() if self._current(m) and k not in inc.cleared):
+            if any(self._explains(m, f) for k, m in inc.members.items() if self._current(m) and k not in inc.cleared):
                 return self._attach(inc, f, now)
         if f.kind in ANNOTATIONS:
             return []  # nothing to annotate: not an incident of its own
         # 2. it explains open incidents: it becomes their root (re-rooting the oldest)
-        absorbed = [inc for inc in self._by_age() if explains(f, inc.root)]
+        absorbed = [inc for inc in self._by_age() if self._explains(f, inc.root)]
         if absorbed:
             first, rest = absorbed[0], absorbed[1:]
             alerts = []
@@ -284,6 +297,15 @@ class Correlator:
             inc.severity = min(inc.severity, f.severity)
         inc.summary = f"{_summary(inc.root)} (explains {len(inc.members) - 1} finding(s)) — resolved: {why}"
         return [self._alert(inc, "resolved", now)]
+
+    def _explains(self, cause: DetectorFinding, symptom: DetectorFinding) -> bool:
+        """:func:`explains`, where the cause could have caused it: it began before the symptom was found
+        (within ``skew_s``), and a job's symptom is of the run the cause began in."""
+        began = to_seconds(cause.onset_time)
+        if began > to_seconds(symptom.event_time) + self.skew_s or not explains(cause, symptom):
+            return False
+        job = symptom.subject.job
+        return job is None or cause.subject.job == job or began >= self._run_began.get(job, float("-inf"))
 
     def _current(self, f: DetectorFinding) -> bool:
         """Is ``f`` still evidence: not a symptom of a job from before that job recovered?"""
@@ -337,9 +359,18 @@ class Correlator:
 
     def job_ended(self, job: str, at: float, how: str) -> list[Alert]:
         """The job ended (``how``: completed, cancelled, ...): its incidents resolve, its later symptoms
-        from before ``at`` are its past."""
+        from before ``at`` are its past, and what comes after is a new run's."""
+        self._running.discard(job)
+        self._run_began[job] = max(at, self._run_began.get(job, at))
         ids = [i.incident_id for i in self.incidents.values() if i.root.subject.job == job]
         return self.recovered(ids, job, at, f"job {job} ended: {how}")
+
+    def job_started(self, job: str, at: float) -> None:
+        """The job runs (or waits to), as of ``at``: a run begins unless one is going on already (a state
+        said again is no new run). A cause on its nodes from before explains none of this run's failures."""
+        if job not in self._running:
+            self._running.add(job)
+            self._run_began[job] = max(at, self._run_began.get(job, at))
 
     # -- many nodes silent together ---------------------------------------------------------------------
     def _silent_nodes(self, inc: Incident) -> dict[str, DetectorFinding]:

@@ -28,6 +28,7 @@ import vigil.bench.history as history
 import vigil.bench.hooks as hooks
 import vigil.bench.localization as localization
 import vigil.bench.pipeline as pipeline
+import vigil.bench.pipeline.__main__ as pipeline_cli
 import vigil.bench.planners as planners
 import vigil.bench.policies as policies
 import vigil.bench.scenarios as scenarios
@@ -236,7 +237,7 @@ def test_the_inprocess_line_reruns_what_it_measured(monkeypatch, tmp_path):
         seen.update(kw, gpus=gpus, seconds=seconds)
         return {}
 
-    monkeypatch.setattr(pipeline, "inprocess", fake)
+    monkeypatch.setattr(pipeline_cli, "inprocess", fake)  # the name the command line's main calls
     pipeline.main(argv[3:])
     assert seen == {k: v for k, v in args.items() if k != "seed"}
     assert reproducing_command(real, {**args, "seed": 2}, "python -m vigil.bench.pipeline inprocess",

@@ -126,3 +126,53 @@ def test_merge_keeps_every_part_and_recomputes_the_verdict():
     assert out["command"] == ["a", "b"] and out["wall_s"] == 30
     assert out["machine"]["load_before"] == [10.0] and out["machine"]["load_after"] == [21.0]
     assert out["projection"]["100000"]["workers"] == 20
+
+
+def test_a_later_fault_of_the_same_job_owns_the_incidents_that_came_after_it():
+    """Two crashes of one job 20 s apart, each alerted by an incident of its own: the second's incident is
+    not credited to the first (whose margin still ran), and the first was alerted once."""
+    first, second = exc("j1", 100.0, ended=108.0), exc("j1", 120.0, ended=128.0)
+    alerts = [(alert("cuda_error", {"job": "j1"}), 100.2), (alert("cuda_error", {"job": "j1"}), 120.1)]
+    rows = match([first, second], alerts)["faults"]
+    assert rows[0]["incidents"] == 1 and math.isclose(rows[1]["delay_s"], 0.1) and rows[1]["incidents"] == 1
+    # a node lost under the same job: the hang it causes, and the update naming the node, are the node's
+    lost = Injection("node_lost", Fault("node_loss", "n1", 0.0, injected_at=125.0), job="j1", iteration_s=1.0,
+                     ended_at=131.5)
+    hang = Injection("hang", Fault("hang", "j1", 0.0, injected_at=100.0), job="j1", iteration_s=1.0, ended_at=111.0)
+    inc = uuid.uuid4()
+    alerts = [(alert("task_hang", {"job": "j1"}), 103.0), (alert("task_hang", {"job": "j1"}, inc), 126.5),
+              (alert("node_lost", {"node": "n1"}, inc), 126.6)]
+    rows = match([hang, lost], alerts)["faults"]
+    assert rows[0]["incidents"] == 1 and math.isclose(rows[1]["delay_s"], 1.6)
+
+
+def test_the_projection_gives_workers_and_memory_from_the_cpu_per_record_and_from_the_latency_capacity():
+    """Hand-made points: 2 records a second per GPU; a worker's cores 0.1 + 20 us per record; its RSS
+    100 MB + 30 MB per 1,000 GPUs. At 50 % busy a worker carries (0.5 - 0.1) / (20 us x 2) = 10,000 GPUs."""
+    from vigil.bench.pipeline import project
+
+    def point(gpus):
+        records = 2.0 * gpus
+        return {"gpus_per_worker": gpus, "workers": 1, "records_per_s": records,
+                "cpu_cores": {"worker-0": 0.1 + 20e-6 * records, "broker": 0.4}, "rss_mb": 100.0 + 0.03 * gpus}
+
+    points = [point(1000), point(4000), point(8000)]
+    out = project(points, None, throughput={"1": 40_000})
+    model = out["model"]
+    assert model["records_per_gpu_s"] == 2.0 and model["cpu_gpus_per_worker"] == 10_000
+    assert model["worker_cpu"]["us_per_record"] == 20.0 and math.isclose(model["worker_cpu"]["fixed_cores"], 0.1)
+    assert (model["rss_mb"]["base"], model["rss_mb"]["per_1000_gpus"]) == (100.0, 30.0)
+    assert model["backlog_us_per_record"] == 25.0 and set(model["scales_with"]) >= {"records", "worker_rss", "incidents"}
+    big = out["100000"]
+    assert big["records_per_s"] == 200_000 and big["worker_cores_at_full_use"] == 4.0
+    assert big["from_cpu"] == {"workers": 10, "rss_gb_per_worker": round(400 / 1024, 3), "rss_gb": round(4000 / 1024, 2)}
+    assert (big["workers"], big["rss_gb"]) == (10, round(4000 / 1024, 2)) and "from_latency" not in big
+    assert out["1000000"]["from_cpu"]["workers"] == 100
+    # a latency capacity, when a point met every target, is the projection's basis; the CPU one stays beside it
+    held = project(points, 5000)["100000"]
+    assert held["from_latency"] == {"workers": 20, "rss_gb_per_worker": round(250 / 1024, 3),
+                                    "rss_gb": round(5000 / 1024, 2)}
+    assert held["workers"] == 20 and held["basis"] == "latency capacity" and held["from_cpu"]["workers"] == 10
+    # no live CPU figure: the backlog's cost of a record, a worker at full use
+    bare = [{k: v for k, v in p.items() if k != "cpu_cores"} for p in points]
+    assert project(bare, None, throughput={"1": 40_000}, max_busy=1.0)["100000"]["from_cpu"]["workers"] == 5

@@ -319,6 +319,7 @@ def test_a_job_that_fails_while_being_recovered_calls_a_human_once():
     eng = DecisionEngine(settle_s=0, escalation=Escalation(window_s=600, max_restarts=3))
     (d,) = decisions(eng.on_alert(alert("process_exit", 2, job="crashy"), 10.0))
     assert d.action == "restart_process"
+    eng.on_action_result(result(d, "running"), 11.0)  # the agent's actuator carries it out
     out = eng.on_state(_job("crashy", "failed", "the agent gave up"), 20.0)
     (page,) = [a for a in out if isinstance(a, Alert)]
     assert (page.kind, page.severity, page.subject.job) == ("recovery_failed", 1, "crashy")
@@ -345,3 +346,26 @@ def test_a_hang_restart_asks_for_the_flight_recorders_first_and_no_other_restart
     assert hang.action == "restart_process" and hang.plan["collect_diagnostics"] == ["flight_recorder"]
     (crash,) = decisions(eng.on_alert(alert("process_exit", 2, job="llama"), 0))
     assert crash.action == "restart_process" and "collect_diagnostics" not in crash.plan
+
+
+def test_no_page_for_recovery_when_no_remedy_was_carried_out_and_a_requeued_job_is_a_new_run():
+    """recovery_failed pages a human only when vigil's own remedy failed. With no actuator taking the
+    decisions (alerts only; the scheduler requeues failed jobs), a job that fails after a decision, or a
+    failure returning until the ladder reaches a human, pages no one beyond the failures' own alerts. A job
+    requeued by its scheduler is a new run: its next failure enters at its own rung, not as the last
+    run's returning."""
+    eng = DecisionEngine(settle_s=0, escalation=Escalation(window_s=600, max_restarts=1))
+    (d,) = decisions(eng.on_alert(alert("process_exit", 2, job="j"), 10.0))
+    assert d.action == "restart_process"
+    assert [a for a in eng.on_state(_job("j", "failed", "requeued by the scheduler"), 18.0)
+            if isinstance(a, Alert)] == []
+    eng.on_state(_job("j", "running", "requeued"), 19.0)
+    (again,) = decisions(eng.on_alert(alert("process_exit", 2, job="j"), 40.0))
+    assert again.action == "restart_process" and "returned" not in again.reason
+    # the same run: the failure returns, the ladder climbs to a human, but nothing was carried out
+    out = []
+    for t in (50.0, 60.0):
+        out += eng.on_alert(alert("process_exit", 2, job="j"), t)
+    assert [d.action for d in decisions(out)] == ["reconfigure", "notify_human"]
+    assert [a for a in out if isinstance(a, Alert)] == []
+    assert [a for a in eng.on_state(_job("j", "failed", "exit 1"), 70.0) if isinstance(a, Alert)] == []

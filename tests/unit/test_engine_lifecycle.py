@@ -62,3 +62,19 @@ def test_a_node_that_leaves_is_not_lost_and_a_joining_node_reaches_its_health_de
     engine.on_lifecycle(NodeState(event_time=from_seconds(T0 + 20), source=Source(node="n2"), state="joined"),
                         T0 + 20)
     assert "node_health" in engine.nodes["n2"].detectors
+
+
+def test_a_job_that_ended_before_the_tick_is_not_judged_hung_by_it():
+    """The worker's tick takes the states heard since the last one before its timers: a job its scheduler
+    marked failed (its node was lost) a moment before its hang timeout ran out raises no hang at that tick,
+    while a job still running past its timeout does."""
+    from vigil.streams.config import StreamConfig
+    from vigil.streams.stages import build_stages
+    from vigil.streams.worker import TELEMETRY
+
+    detect, _ = build_stages(StreamConfig(bootstrap="-"), None, TELEMETRY)
+    t = run_steps(detect.engine, "ended", 0, 20, T0)
+    run_steps(detect.engine, "hung", 0, 20, T0)
+    t_out = t + 5.0  # past both jobs' learned timeouts (about 3 x 1 s)
+    found = detect.tick(t_out, [state("ended", "failed", t_out - 0.1)])
+    assert kinds(found) == [("task_hang", "hung")]

@@ -68,3 +68,31 @@ def test_once_caught_up_a_real_loss_is_reported():
     assert [n for n, _ in raised] == ["n07"]
     [(_, at)] = raised
     assert dead_at < at < dead_at + 3.0
+
+
+def test_a_loss_while_the_worker_stays_behind_is_reported_late_and_a_skewed_clock_is_no_loss():
+    """The worker reads at half the write rate throughout (never caught up): a node that dies is reported
+    once the log it has read shows the others going on past its timeout (late, not missed), while a node
+    whose clock runs 2 s slow, but which keeps sending, is not lost."""
+    dead_at, slow_clock = T0 + 30.0, {"n05": -2.0}
+    written = []  # (write time, heartbeat stamped by its node's clock), in write order
+    for k in range(61):
+        for i, n in enumerate(NODES):
+            t = T0 + k + i / len(NODES)
+            if not (n == "n07" and t >= dead_at):
+                stamp = t + slow_clock.get(n, 0.0)
+                written.append((t, Heartbeat(event_time=from_seconds(stamp), source=Source(node=n), seq=k,
+                                             interval_s=1.0)))
+    engine = DetectionEngine()
+    raised, wall, i = [], T0, 0
+    while i < len(written):
+        wall += 0.1
+        read_to = T0 + (wall - T0) * 0.5
+        while i < len(written) and written[i][0] <= read_to:
+            engine.on_events([written[i][1]], wall, written=written[i][0], feed=FEED)
+            i += 1
+        assert engine.behind(wall) or wall - T0 < 3.0
+        raised += [(f.subject.node, f.onset_time.timestamp()) for f in engine.tick(wall)
+                   if f.kind == "node_lost" and f.status == "raised"]
+    assert [n for n, _ in raised] == ["n07"]
+    assert dead_at - 1.0 < raised[0][1] < dead_at  # its onset: its last heartbeat

@@ -92,3 +92,43 @@ def test_event_path_refuses_what_the_general_path_refuses():
         update={"nvlink_errors": {"crc": -3}})
     with pytest.raises(DetectorError, match="nvlink_errors must be a non-negative int"):
         det.observe_batch([negative], t=30.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_quiet_rounds_taken_short_find_what_the_full_path_finds(seed, monkeypatch):
+    """Most rounds of most nodes change nothing but the time, and are taken short (``_quiet``): a detector
+    that takes them short reports, after every round, what one taking the full path every time reports.
+    Faults come and go (heat, a slow clock, counts that grow now and then, short windows), so the feed
+    leaves and re-enters the quiet state many times."""
+    rng = random.Random(seed)
+    short, full = GpuDegradation(node="n1", hold=60.0, window=60.0), GpuDegradation(node="n1", hold=60.0, window=60.0)
+    monkeypatch.setattr(full, "_quiet", lambda items, t: False)
+    taken = []
+    quiet = short._quiet
+    monkeypatch.setattr(short, "_quiet", lambda items, t: taken.append(quiet(items, t)) or taken[-1])
+    counts = {"sbe": [0] * 8, "dbe": [0] * 8, "nvl": [0] * 8}
+    t, hot, slow, idle = 1000.0, None, None, None
+    for round_ in range(400):
+        if round_ % 50 == 0:
+            hot, slow, idle = (rng.choice([None, None, rng.randrange(8)]) for _ in range(3))
+        if round_ % 50 == 12:
+            hot = slow = None
+        t += rng.choice([10.0] * 8 + [0.0, 3.0])
+        items = []
+        for g in range(8):
+            for k, p, step in (("sbe", 0.003, 200), ("dbe", 0.001, 2), ("nvl", 0.003, 20)):
+                if rng.random() < p:
+                    counts[k][g] += rng.randrange(1, step)
+            items.append(GpuTelemetry(
+                event_time=from_seconds(t), source=Source(node="n1", gpu=g), utilization_pct=0.0 if g == idle else 97.0,
+                sm_clock_mhz=(1300.0 if g == slow else 1980.0) * (1 + rng.uniform(-0.01, 0.01)),
+                temperature_c=None if rng.random() < 0.02 else (95.0 if g == hot else 62.0) + rng.uniform(-2, 2),
+                throttle_reasons=0x40 if g == hot else rng.choice([0, 0x4]), ecc_sbe=counts["sbe"][g],
+                ecc_dbe=counts["dbe"][g], nvlink_errors={"crc": counts["nvl"][g]} if counts["nvl"][g] else {}))
+        short.observe_batch(items, t=t)
+        full.observe_batch(items, t=t)
+        if round_ % 7 == 0:
+            short.tick(t + 5.0)
+            full.tick(t + 5.0)
+        assert snapshot(short) == snapshot(full), round_
+    assert sum(taken) > 100 and not all(taken)  # both ways were taken, many times

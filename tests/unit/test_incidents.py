@@ -135,3 +135,39 @@ def test_a_cleared_cause_takes_no_later_fault_and_an_ended_job_takes_its_inciden
     assert hang.status == "open" and hang.incident_id != lost.incident_id
     [ended] = c.job_ended("later", 40.0, "cancelled")
     assert ended.status == "resolved" and ended.incident_id == hang.incident_id and "ended" in ended.summary
+
+
+def test_a_cause_explains_only_what_was_found_after_it_began():
+    """A node lost a minute after an XID on it is a new failure, not the XID's cause (it cannot have caused
+    what happened before it): its own incident, named by its own kind. A crash on the node soon after the
+    XID, in the same run, is the XID's (the GPU fell off the bus)."""
+    c = Correlator()
+    [xid] = c.on_finding(finding("xid", 1, Subject(node="n1"), onset=10.0, code=79), 11.0)
+    [crash] = c.on_finding(finding("process_exit", 2, Subject(job="j", node="n1", rank=3), onset=15.0), 16.0)
+    assert crash.incident_id == xid.incident_id and crash.kind == "xid"
+    [lost] = c.on_finding(finding("node_lost", 1, Subject(node="n1"), onset=80.0), 82.6)
+    assert (lost.status, lost.kind) == ("open", "node_lost") and lost.incident_id != xid.incident_id
+    # a cause found a moment after its symptom (clock skew, detection delay) still re-roots it
+    [hang] = c.on_finding(finding("task_hang", 2, Subject(job="k"), onset=200.0, job_nodes=["n7"]), 203.0)
+    [reroot] = c.on_finding(finding("node_lost", 1, Subject(node="n7"), onset=202.0), 204.6)
+    assert (reroot.status, reroot.kind, reroot.incident_id) == ("update", "node_lost", hang.incident_id)
+
+
+def test_a_later_run_of_a_job_is_not_absorbed_by_an_older_cause_on_its_node():
+    """A job requeued by its scheduler after a fault is a new run: its crash on a node whose XID incident is
+    still open (nothing repaired it) opens an incident of its own, and so does a new job's on that node."""
+    c = Correlator()
+    c.job_started("j", 0.0)
+    [xid] = c.on_finding(finding("xid", 1, Subject(node="n1"), onset=10.0, code=79), 11.0)
+    c.job_ended("j", 18.0, "failed")
+    c.job_started("j", 19.0)
+    c.job_started("j", 25.0)  # said again: the same run
+    [crash] = c.on_finding(finding("process_exit", 2, Subject(job="j", node="n1", rank=3), onset=60.0), 61.0)
+    assert (crash.status, crash.kind) == ("open", "process_exit") and crash.incident_id != xid.incident_id
+    c.job_started("new", 30.0)
+    [other] = c.on_finding(finding("cuda_error", 2, Subject(job="new", node="n1", rank=0), onset=70.0), 71.0)
+    assert other.status == "open" and other.incident_id not in (xid.incident_id, crash.incident_id)
+    # while a crash of a job whose run began before the XID is still the XID's
+    c.job_started("old", 5.0)
+    [same] = c.on_finding(finding("process_exit", 2, Subject(job="old", node="n1", rank=1), onset=80.0), 81.0)
+    assert (same.status, same.kind, same.incident_id) == ("update", "xid", xid.incident_id)

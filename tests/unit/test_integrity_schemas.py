@@ -156,3 +156,23 @@ def test_a_nested_event_id_or_version_key_does_not_stand_in_for_the_events_own()
 def test_an_explicit_null_event_id_is_refused_not_derived():
     d = decode(raw(beat(event_id=None)))
     assert not d.events and d.errors[0].field == "event_id"
+
+
+def test_an_item_that_does_not_state_its_own_type_is_refused_on_its_topic():
+    """Decoding on a topic's accepted types (the fast path) still needs each item to say what it is: the
+    model's default type must not stand in, nor a nested ``event_type`` key, alone or in a batch."""
+    from vigil.schemas.topics import topic_accepts
+
+    untyped = beat()
+    del untyped["event_type"]
+    for topic in ("vigil.telemetry.heartbeats", "vigil.telemetry.node"):
+        accept = topic_accepts(topic)
+        for message in (raw(untyped), raw([beat(), untyped]), raw([beat(), dict(untyped, source={"node": "n1"})])):
+            d = decode(message, accept=accept)
+            assert [e.reason for e in d.errors] == ["unknown_event_type"], (topic, d)
+        assert [type(e) for e in decode(raw([beat(), untyped]), accept=accept).events] == [Heartbeat]
+    nested = {"event_type": "gpu_telemetry", "version": 1, "event_id": str(uuid.uuid4()),
+              "event_time": T0.isoformat(), "source": {"node": "n1", "gpu": 0}, "nvlink_errors": {"event_type": 1}}
+    gpu = decode(raw([nested, untyped]), accept=topic_accepts("vigil.telemetry.node"))
+    assert [e.reason for e in gpu.errors] == ["unknown_event_type"] and len(gpu.events) == 1
+    assert [e.reason for e in decode(b"[]", accept=topic_accepts("vigil.telemetry.node")).errors] == ["empty"]

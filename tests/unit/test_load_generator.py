@@ -132,7 +132,7 @@ def test_node_losses_are_spread_and_the_node_is_silent_until_it_returns(faulty):
 def test_a_stopped_job_sends_no_step_until_it_is_requeued(faulty):
     gen, msgs = faulty
     for inj in gen.injections:
-        if inj.kind not in ("exception", "process_exit", "hang", "node_lost") or inj.job is None:
+        if inj.kind not in ("exception", "process_exit", "hang", "node_lost", "xid") or inj.job is None:
             continue
         key = inj.job.encode()
         steps = [t for t, m in msgs if m.event_type == "iteration_step" and m.key == key]
@@ -150,11 +150,48 @@ def test_the_fault_events_name_their_target(faulty):
     for inj in gen.injections:
         if inj.kind not in ("exception", "process_exit", "xid"):
             continue
-        [ev] = [e for t, e in sent if abs(e.event_time.timestamp() - inj.injected_at) < 1e-5]
+        at_once = [e for t, e in sent if abs(e.event_time.timestamp() - inj.injected_at) < 1e-5]
+        [ev] = [e for e in at_once if e.event_type == {"exception": "training_exception"}.get(inj.kind, inj.kind)]
         if inj.kind == "xid":
             assert (ev.source.node, ev.source.gpu, ev.code) == (inj.fault.target, inj.fault.gpu, 79)
+            # the rank on that GPU dies with it (an idle node has none)
+            exits = [e for e in at_once if e.event_type == "process_exit"]
+            if inj.job is None:
+                assert exits == []
+            else:
+                [ex] = exits
+                assert (ex.source.job, ex.source.node, ex.source.gpu, ex.source.rank) == (
+                    inj.job, inj.fault.target, inj.fault.gpu, inj.fault.rank)
+                assert gen.jobs[inj.job].spec.placement(inj.fault.rank) == (inj.fault.target, inj.fault.gpu)
         else:
             assert ev.source.job == inj.job and ev.source.rank == inj.fault.rank
+
+
+def test_a_broken_node_takes_no_other_fault_of_its_own_and_a_lost_node_is_heard_before_it_is_lost_again():
+    """A node whose GPU fell off the bus stays broken (nothing repairs it here): no second XID, no loss. A
+    node back from a loss is heard for node_down_s before it can be lost again (else two losses would be
+    one silence)."""
+    gen = LoadGenerator(160, T0, seed=2, faults_per_kind=8, faults_from=5.0, step_s=(0.3, 0.5),
+                        kinds=("xid", "node_lost"), node_loss_gap_s=3.0)
+    msgs = play(gen, 120.0)
+    xids = [i for i in gen.injections if i.kind == "xid"]
+    broken = {i.fault.target: i.injected_at for i in xids}
+    assert len(broken) == len(xids) == 8
+    losses = sorted((i for i in gen.injections if i.kind == "node_lost"), key=lambda i: i.injected_at)
+    assert len(losses) == 8
+    for inj in losses:
+        assert inj.fault.target not in broken or broken[inj.fault.target] > inj.injected_at
+    # two nodes, losses planned a second apart: each waits until a node has been heard long enough
+    gen = LoadGenerator(16, T0, seed=3, faults_per_kind=6, faults_from=5.0, step_s=(0.3, 0.5),
+                        kinds=("node_lost",), node_loss_gap_s=1.0)
+    msgs = play(gen, 90.0)
+    losses = sorted(gen.injections, key=lambda i: i.injected_at)
+    assert len(losses) == 6 and len({i.fault.target for i in losses}) < 6  # a node is lost again
+    for a, b in zip(losses, losses[1:]):
+        if a.fault.target == b.fault.target:
+            heard = [t for t, m in msgs if m.event_type == "node_samples" and m.key == a.fault.target.encode()
+                     and a.injected_at + gen.node_down_s <= t <= b.injected_at]
+            assert len(heard) >= 2
 
 
 def test_a_fail_slow_slows_its_gpu_and_its_job_from_the_onset(faulty):

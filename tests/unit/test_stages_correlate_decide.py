@@ -95,9 +95,10 @@ def test_feedback_not_live_updates_state_and_publishes_nothing():
 def test_the_decide_stages_own_alert_goes_out_once():
     f = flow()
     f.on_feedback(job("running", T), T, live=True)
-    f.on_findings([crash(T + 2)], T + 2)
+    restart = next(e for e in f.on_findings([crash(T + 2)], T + 2) if e.event_type == "decision")
+    f.on_feedback(result(restart, "running", T + 3), T + 3, live=True)  # an actuator carried it out
     out = f.on_feedback(job("failed", T + 10), T + 10, live=True)
-    # the job's incident resolves with the job; the job failing after a restart calls a human
+    # the job's incident resolves with the job; the job failing after a restart carried out calls a human
     assert shape(out) == [("alert", "process_exit", "resolved"), ("alert", "recovery_failed", "open")]
     assert f.on_feedback(job("failed", T + 11), T + 11, live=True) == []
 

@@ -1,0 +1,98 @@
+"""The whole benchmark (:func:`run`: throughput, then the capacity curve, then the projection) and
+:func:`merge` (one result from several shorter runs).
+
+**Capacity**: :func:`~vigil.bench.pipeline.live.live` at increasing ``N`` until
+a target breaks; the largest ``N`` holding every target; the projection of
+workers and memory for 100k and 1M GPUs (:mod:`vigil.bench.pipeline.projection`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from vigil.bench.command import reproducing_command
+from vigil.bench.machine import machine_info, measured
+from vigil.bench.pipeline.live import live
+from vigil.bench.pipeline.projection import project
+from vigil.bench.pipeline.throughput import throughput
+
+__all__ = ["CLI_OPTIONS", "merge", "run"]
+
+#: ``run`` arguments that ``vigil bench pipeline`` takes, and its options.
+CLI_OPTIONS = {"load_gpus": "--load-gpus", "workers": "--workers", "faults_per_kind": "--faults-per-kind",
+               "throughput_workers": "--throughput-workers", "throughput_gpus": "--throughput-gpus",
+               "throughput_seconds": "--throughput-seconds", "seed": "--seed",
+               "stop_at_first_miss": "--stop-at-first-miss/--keep-going"}
+
+
+def run(json_path: str | None, load_gpus: tuple[int, ...] = (2000, 5000, 10_000, 25_000, 50_000), workers: int = 1,
+        faults_per_kind: int = 100, throughput_workers: tuple[int, ...] = (1, 2), throughput_gpus: int = 25_000,
+        throughput_seconds: float = 120.0, seed: int = 0, stop_at_first_miss: bool = True,
+        progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    command = reproducing_command(run, dict(locals()), "vigil bench pipeline", CLI_OPTIONS)
+    started = time.time()
+    result: dict[str, Any] = {"command": command, "throughput": {}, "throughput_detail": {}, "capacity": []}
+    with measured(result.setdefault("machine", {})):
+        for w in throughput_workers:
+            detail = throughput(w, gpus=throughput_gpus, seconds=throughput_seconds, seed=seed + 1, progress=progress)
+            result["throughput"][str(w)] = detail["records_per_s"]
+            result["throughput_detail"][str(w)] = detail
+            _write(json_path, result, started)
+        for gpus in sorted(load_gpus):
+            point = live(gpus * workers, workers=workers, faults_per_kind=faults_per_kind, seed=seed, progress=progress)
+            result["capacity"].append(point)
+            _write(json_path, result, started)
+            if stop_at_first_miss and not point["targets_met"]:
+                break
+    held = [p["gpus_per_worker"] for p in result["capacity"] if p["targets_met"]]
+    result["max_gpus_per_worker_meeting_targets"] = max(held) if held else None
+    result["projection"] = project(result["capacity"], result["max_gpus_per_worker_meeting_targets"],
+                                  throughput=result["throughput"])
+    _write(json_path, result, started)
+    return result
+
+
+def _write(json_path: str | None, result: dict[str, Any], started: float) -> None:
+    result["wall_s"] = round(time.time() - started, 1)
+    if json_path is not None:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list[str] | None = None,
+          merge_command: str | None = None) -> dict[str, Any]:
+    """One result from several runs of :func:`run` (each short enough to hold a shared machine's benchmark
+    lock): their throughputs and capacity points (a later part's point replaces an earlier one of the
+    same load), the largest load meeting every target and the projection recomputed; each part's command,
+    machine and load average kept under ``parts``; ``wall_s`` the sum of theirs. ``merge_command``: the
+    line that merged them (``python -m vigil.bench.pipeline merge ...``), kept beside the parts' commands."""
+    result: dict[str, Any] = {"command": [p.get("command") for p in parts], "throughput": {},
+                              "throughput_detail": {}, "capacity": []}
+    points: dict[int, dict[str, Any]] = {}
+    for part in parts:
+        result["throughput"].update(part.get("throughput") or {})
+        result["throughput_detail"].update(part.get("throughput_detail") or {})
+        for point in part.get("capacity") or []:
+            points[point["gpus_per_worker"]] = point
+    result["capacity"] = [points[g] for g in sorted(points)]
+    held = [p["gpus_per_worker"] for p in result["capacity"] if p["targets_met"]]
+    result["max_gpus_per_worker_meeting_targets"] = max(held) if held else None
+    result["projection"] = project(result["capacity"], result["max_gpus_per_worker_meeting_targets"],
+                                  throughput=result["throughput"])
+    result["machine"] = {**machine_info(), "load_before": parts[0]["machine"].get("load_before") if parts else None,
+                         "load_after": parts[-1]["machine"].get("load_after") if parts else None}
+    result["parts"] = [{"command": p.get("command"), "machine": p.get("machine"), "wall_s": p.get("wall_s")}
+                       for p in parts]
+    result["wall_s"] = round(sum(p.get("wall_s") or 0.0 for p in parts), 1)
+    if merge_command is not None:
+        result["merge_command"] = merge_command
+    if notes:
+        result["notes"] = list(notes)
+    if json_path is not None:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return result
+
