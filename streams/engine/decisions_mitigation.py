@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from vigil.schemas import Alert, Envelope, to_seconds
+from vigil.streams.engine.attribution import GPU_CAUSES, LINK_CAUSES
 from vigil.streams.engine.decisions_lifecycle import _JobInfo
-from vigil.streams.engine.incidents import GPU_CAUSES, LINK_CAUSES
 from vigil.streams.engine.skirental import STRATEGIES
 
 

@@ -15,8 +15,8 @@ import numpy as np
 
 from vigil.detectors import Detector, Finding
 from vigil.schemas import DetectorFinding, Source, Subject, from_seconds, to_seconds
+from vigil.streams.engine.attribution import subject_key
 from vigil.streams.engine.detection_keys import _Key
-from vigil.streams.engine.incidents import subject_key
 
 __all__ = ["detector_finding"]
 
