@@ -7,8 +7,9 @@ core can produce what tens of thousands of GPUs send:
 
 * **nodes of 8 GPUs**; about 90 % of them run jobs, the rest idle;
 * **jobs of realistic sizes and layouts**: 8 to a few thousand GPUs, many small
-  ones and a few large (:data:`JOB_SIZES`), tensor parallelism inside a node
-  (tp = 8), pipeline stages growing with the size, data parallelism for the rest;
+  ones and a few large (:data:`~vigil.sim.job_mix.JOB_SIZES`), tensor parallelism
+  inside a node (tp = 8), pipeline stages growing with the size, data parallelism for
+  the rest;
   each job steps every 1 to 3 s (its own mean, 3 % jitter);
 * **one message per node per second** on the node-samples topic, as the node agent
   sends it: the heartbeat, a sample of each of the 8 GPUs and the NIC's counters
@@ -65,6 +66,7 @@ from vigil.schemas import (
     GPUS_PER_NODE, ExceptionCategory, JobState, NodeState, ProcessExit, Source, TrainingException, XidError, encode,
     from_seconds,
 )
+from vigil.sim.job_mix import JOB_SIZES, plan_jobs
 from vigil.sim.simulator import Fault, SimJob
 from vigil.sim.wire import NODE_RECORDS, StepColumns, Wire
 
@@ -73,10 +75,6 @@ __all__ = ["JOB_SIZES", "KINDS", "NODE_RECORDS", "Injection", "LoadGenerator", "
 #: The fault kinds, as the benchmark names them, and the simulator's fault kind for each.
 KINDS: dict[str, str] = {"exception": "exception", "process_exit": "process_exit", "xid": "xid",
                          "node_lost": "node_loss", "hang": "hang", "fail_slow": "gpu_slow"}
-#: Job sizes in GPUs and how common each is (by count): most jobs are small, most GPUs are in large
-#: ones (the shape of the published cluster traces: Meta's research clusters, Alibaba PAI, Acme).
-JOB_SIZES: tuple[tuple[int, float], ...] = ((8, 0.22), (16, 0.16), (32, 0.15), (64, 0.14), (128, 0.11),
-                                           (256, 0.09), (512, 0.06), (1024, 0.04), (2048, 0.02), (4096, 0.01))
 
 
 class Message(NamedTuple):
@@ -103,29 +101,6 @@ class Injection:
     def injected_at(self) -> float:
         assert self.fault.injected_at is not None
         return self.fault.injected_at
-
-
-def plan_jobs(nodes: list[str], rng: random.Random, busy_fraction: float = 0.9, max_job_fraction: float = 1 / 16,
-              step_s: tuple[float, float] = (1.0, 3.0)) -> list[SimJob]:
-    """Jobs over the first ``busy_fraction`` of ``nodes``: sizes drawn from :data:`JOB_SIZES` (none
-    above ``max_job_fraction`` of the cluster), tp 8, pp by size, step times uniform in ``step_s``."""
-    gpus = len(nodes) * GPUS_PER_NODE
-    cap = max(GPUS_PER_NODE, max((s for s, _ in JOB_SIZES if s <= gpus * max_job_fraction), default=GPUS_PER_NODE))
-    sizes = [s for s, _ in JOB_SIZES if s <= cap]
-    weights = [w for s, w in JOB_SIZES if s <= cap]
-    target = int(len(nodes) * busy_fraction)
-    jobs: list[SimJob] = []
-    used = 0
-    while used < target:
-        size = rng.choices(sizes, weights)[0]
-        n = min(size // GPUS_PER_NODE, target - used)
-        size = n * GPUS_PER_NODE
-        pp_choices = [1] if size <= 8 else [1, 2] if size <= 32 else [1, 2, 4] if size <= 256 else [4, 8]
-        pp = rng.choice([p for p in pp_choices if size % (8 * p) == 0] or [1])
-        jobs.append(SimJob(f"job-{len(jobs):04d}", tuple(nodes[used:used + n]), dp=size // (8 * pp), pp=pp, tp=8,
-                           iteration_s=round(rng.uniform(*step_s), 3)))
-        used += n
-    return jobs
 
 
 @dataclass

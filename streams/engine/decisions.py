@@ -28,7 +28,9 @@ a result was heard): with no actuator the decisions are advice, and the
 failures' own alerts have paged. A job that ends and starts again (requeued
 by its scheduler) is a new run: its failures enter the ladder afresh.
 
-Pure: no Kafka, time is an argument.
+Pure: no Kafka, time is an argument. Parts: :mod:`~vigil.streams.engine.decisions_lifecycle`
+(the inventory of jobs and nodes, a job's runs and ends), :mod:`~vigil.streams.engine.decisions_mitigation`
+(the fail-slow mitigation); this module answers alerts and action results (the ladder).
 
 Examples
 --------
@@ -48,16 +50,16 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-from vigil.schemas import ActionResult, Alert, Decision, Envelope, JobState, NodeState, Source, Subject, from_seconds, \
-    to_seconds
+from vigil.schemas import ActionResult, Alert, Decision, Envelope, JobState, Source, Subject, from_seconds, to_seconds
+from vigil.streams.engine.decisions_lifecycle import _JobInfo, _Lifecycle
+from vigil.streams.engine.decisions_mitigation import _Mitigation
 from vigil.streams.engine.escalation import LADDER, Escalation
-from vigil.schemas import JOB_ENDED, NODE_AWAY
 from vigil.streams.engine.incidents import GPU_CAUSES, LINK_CAUSES, NODES_SILENT
 from vigil.streams.engine.layouts import JobLayouts
-from vigil.streams.engine.skirental import STRATEGIES, FailSlowMitigation
+from vigil.streams.engine.skirental import FailSlowMitigation
 
 log = logging.getLogger(__name__)
 
@@ -99,13 +101,7 @@ class _Decided:
     heard: bool = False
 
 
-@dataclass
-class _JobInfo:
-    nodes: set[str] = field(default_factory=set)
-    spec: JobState | None = None
-
-
-class DecisionEngine:
+class DecisionEngine(_Lifecycle, _Mitigation):
     """Turns incidents into remedies, one decision per step of the ladder.
 
     Parameters
@@ -257,64 +253,6 @@ class DecisionEngine:
             return None
         return running
 
-    def _on_degradation(self, alert: Alert, now: float) -> list[Envelope]:
-        for slow in alert.slowdowns:
-            job, before, after = slow.job or alert.subject.job, slow.before_s, slow.after_s
-            if not job or before is None or after is None or before <= 0:
-                continue
-            cls = slow.slowdown_class or "communication"
-            node = alert.subject.node if alert.kind in GPU_CAUSES | LINK_CAUSES else slow.node
-            self.mitigation.start(job, float(before), float(after), cls, now, onset=to_seconds(alert.onset_time),
-                                  strategies=self._strategies(job),
-                                  restart_shrink=self._restart_shrink(job, node if isinstance(node, str) else None))
-            known = self._failslow_ctx.get(job)
-            if known is None:
-                self._failslow_ctx[job] = (node, float(before), float(after), cls)
-            elif known[0] is None and node is not None:  # localized since: the plans can name the straggler
-                self._failslow_ctx[job] = (node, *known[1:])
-            answered = self._failslow_incident.setdefault(job, [])
-            if alert.incident_id not in answered:
-                answered.append(alert.incident_id)
-        return []
-
-    def _strategies(self, job: str) -> tuple[str, ...] | None:
-        """The fail-slow strategies that can act on ``job``'s layout (None: layout unknown, all of them).
-
-        Micro-batches move between data-parallel replicas (two or more), a
-        topology adjustment moves work or traffic between pipeline stages (two
-        or more); a checkpoint-restart always applies.
-        """
-        spec = self.jobs.get(job, _JobInfo()).spec
-        if spec is None or not spec.nodes or len(spec.nodes) != spec.dp * spec.pp:
-            return None
-        return tuple(s for s in STRATEGIES if not (s == "rebalance_microbatches" and spec.dp < 2)
-                     and not (s == "adjust_topology" and spec.pp < 2))
-
-    def _restart_shrink(self, job: str, straggler: str | None) -> float:
-        """The share of its nodes ``job`` gives up if a checkpoint-restart leaves ``straggler`` behind.
-
-        0 when a known healthy node runs no job (it takes the straggler's
-        place), or when the engine cannot tell (no inventory, no layout, a
-        straggler named that the job does not run on). Otherwise the job
-        loses the straggler's data-parallel replica (``pp`` nodes): a
-        first-order price, since a re-plan may take the node from a job that
-        needs it less. The straggler is often not localized yet when the
-        episode starts; the price is the same for any of the job's nodes.
-        """
-        spec = self.jobs.get(job, _JobInfo()).spec
-        if spec is None or not spec.nodes or not self.known_nodes or \
-                (straggler is not None and straggler not in spec.nodes):
-            return 0.0
-        busy = set().union(*(set(other.nodes) for other in self._active_specs().values()))
-        if self.known_nodes - self.nodes_down - busy:
-            return 0.0
-        n, pp = len(spec.nodes), max(1, spec.pp)
-        kept = (n - 1) // pp * pp
-        per_node = spec.gpus / n if spec.gpus else 8
-        if kept * per_node < (spec.min_gpus or 0):
-            return 1.0  # below its minimum the job cannot run at all
-        return 1.0 - kept / n
-
     def _on_resolved(self, alert: Alert, now: float) -> list[Envelope]:
         self._incident_rung.pop(alert.incident_id, None)
         self._settling.pop(alert.incident_id, None)
@@ -365,92 +303,12 @@ class DecisionEngine:
         return []
 
     # -- state -------------------------------------------------------------
-    def on_state(self, event: JobState | NodeState, now: float) -> list[Envelope]:
-        """Job and node lifecycle: keep the inventory, re-plan on arrival, finish, join."""
-        if isinstance(event, JobState):
-            job = event.source.job
-            if not job:
-                return []
-            info = self.jobs.setdefault(job, _JobInfo())
-            prev = info.spec
-            if event.state not in JOB_ENDED and self.layouts.learn(job, event):
-                self.mitigation.touched(job, now)  # moved or resized: a fail-slow of its old layout no longer shows
-            layout = self.layouts.get(job)
-            if layout is not None and layout.nodes:  # where it runs now: nodes it has left are no longer its concern
-                info.nodes = set(layout.nodes)
-                if set(event.nodes) != layout.nodes:  # (one agent of many named its own node: the spec holds them all)
-                    event = event.model_copy(update={"nodes": sorted(layout.nodes)})
-            info.spec = event
-            arrived = event.state in ("pending", "running") and (prev is None or prev.state in JOB_ENDED)
-            finished = event.state in JOB_ENDED and prev is not None and prev.state not in JOB_ENDED
-            out: list[Envelope] = []
-            if arrived:
-                # A new run (a requeue by its scheduler is one): its failures are not the last run's
-                # returning, and what was decided for that run is no remedy of this one.
-                self._run_began[job] = now
-                self.escalation.forget_job(job)
-                self._inflight.pop(job, None)
-            if event.state == "failed" and (prev is None or prev.state != "failed"):
-                out += self._recovery_gave_up(job, event.reason, now)
-            if event.state in JOB_ENDED:
-                self._job_ended(job, now)
-            if arrived or finished:
-                out += self._replanning(f"job {job} {'arrived' if arrived else event.state}", now)
-            return out
-        node = event.source.node
-        if not node:
-            return []
-        self.known_nodes.add(node)
-        if event.state in ("lost", "unhealthy", "repaired") or event.state in NODE_AWAY:
-            # out of capacity: an unhealthy or repaired node until its agent's check passes ("joined")
-            self.nodes_down.add(node)
-            if event.state == "drained":  # a straggler left by a checkpoint-restart: its return ends the fail-slow
-                for job, info in self.jobs.items():
-                    if node in info.nodes:
-                        self.mitigation.straggler_left(job, node)
-            elif event.state == "lost":
-                self.mitigation.node_gone(node)
-        elif event.state in ("joined", "healthy"):  # "repaired" counts once the node passed its check
-            back = node in self.nodes_down or event.state == "joined"
-            if back:
-                self.mitigation.node_back(node, now)
-            self.nodes_down.discard(node)
-            if back:
-                return self._replanning(f"node {node} {event.state}", now)
-        return []
-
-    def _active_specs(self) -> dict[str, JobState]:
-        """The jobs that hold or wait for nodes (pending, running, restarting), by name."""
-        return {j: i.spec for j, i in self.jobs.items()
-                if i.spec is not None and i.spec.state in ("pending", "running", "restarting")}
-
     def _remedies(self, job: str, now: float, kind: str | None = None) -> list[_Decided]:
         """The job's ladder remedies of its current run decided within the escalation window (of
         ``kind`` when given)."""
         since = max(now - self.escalation.window_s, self._run_began.get(job, float("-inf")))
         return [d for d in self._decided.values() if d.job == job and d.action in LADDER and d.at >= since
                 and (kind is None or d.kind == kind)]
-
-    def _recovery_gave_up(self, job: str, reason: str, now: float) -> list[Envelope]:
-        """A job that failed while vigil was recovering it (a remedy of this run, decided within the
-        escalation window, that an actuator took up): automatic recovery failed, and a human is called.
-        A job that fails with no remedy tried, or none carried out (no actuator took the decisions: the
-        scheduler handles its failures), was never vigil's to recover: its own alerts already say why."""
-        recent = self._remedies(job, now)
-        latest = max(recent, key=lambda d: d.at, default=None)
-        tried = max((d for d in recent if d.heard), key=lambda d: d.at, default=None)
-        if latest is None or latest.action == "notify_human" or tried is None:  # (a human was called already)
-            return []
-        return [self._recovery_failed(job, tried.kind, tried.answers, now,
-                                      f"job {job} failed after {tried.action}: {reason or 'no reason given'}")]
-
-    def _job_ended(self, job: str, now: float) -> None:
-        """The job ended (finished, cancelled, gave up): nothing waits to be decided for it any more."""
-        self.layouts.forget(job)
-        for incident, (alert, _due) in list(self._settling.items()):
-            if alert.subject.job == job:
-                del self._settling[incident]
-        self._inflight.pop(job, None)
 
     def _replanning(self, trigger: str, now: float) -> list[Envelope]:
         """A multi-job re-plan, when this engine plans allocations (a ``replan`` callable was given):
@@ -542,13 +400,6 @@ class DecisionEngine:
             summary=f"automatic recovery of {job} from {kind} gave up after {tried}: {reason}"[:1000],
             evidence=[{"answers": [str(a) for a in answers], "tried": tried}], evidence_count=1,
             detector="decision_engine", detector_version="1")
-
-    def _failslow_plan(self, job: str, strategy: str) -> dict[str, Any]:
-        from vigil.streams.engine.planning import failslow_plan  # the planners import scipy: only when a fail-slow needs them
-
-        info = self.jobs.get(job, _JobInfo())
-        node, t_healthy, t_slow, cls = self._failslow_ctx.get(job, (None, 1.0, 1.0, "communication"))
-        return failslow_plan(strategy, info.spec, node, t_healthy, t_slow, cls, sorted(info.nodes))
 
     def _jobs_of(self, alert: Alert) -> list[str]:
         if alert.subject.job:

@@ -38,130 +38,39 @@ reading some feed far behind judges silence in the log's own time instead:
 a subject is silent when its feed carried others' messages past its last one
 by more than its timeout (late, but not missed; the gaps in the worker's own
 reading are not silence).
+
+Parts: :mod:`~vigil.streams.engine.detection_params` (:class:`EngineParams`,
+:data:`BUILTIN`), :mod:`~vigil.streams.engine.detection_keys` (what is kept per
+job and node), :mod:`~vigil.streams.engine.detection_timers` (silence and
+windows), :mod:`~vigil.streams.engine.detection_findings` (the diffing into
+finding events); this module routes events and lifecycle to the detectors.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import uuid
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
-import numpy as np
-
-from vigil.detectors import REGISTRY, Detector, Finding
+from vigil.detectors import REGISTRY, Detector
 from vigil.detectors.inputs import PROGRESS, RANK_TIMINGS, Progress
 from vigil.schemas import (
-    JOB_ENDED, NODE_AWAY, DetectorFinding, Envelope, IterationStep, IterationTiming, JobState, NodeState, Source,
-    Subject, from_seconds, to_seconds,
+    JOB_ENDED, NODE_AWAY, DetectorFinding, Envelope, IterationStep, IterationTiming, JobState, NodeState, to_seconds,
 )
-from vigil.streams.engine.incidents import subject_key
+from vigil.streams.engine.detection_findings import _FindingDiff, detector_finding
+from vigil.streams.engine.detection_keys import _Key, _SeenIds
+from vigil.streams.engine.detection_params import BUILTIN, EngineParams
+from vigil.streams.engine.detection_timers import _Timers
 from vigil.streams.engine.layouts import JobLayouts
-from vigil.streams.engine.steps import StepAssembler
 
 __all__ = ["BUILTIN", "DetectionEngine", "EngineParams", "detector_finding"]
 
-_FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
-
-#: The built-in detectors the engine runs, by registry name.
-BUILTIN = ("heartbeat_loss", "xid", "nic_congestion", "gpu_degradation", "process_exit", "exception_classifier",
-           "node_health", "iteration_period", "hang", "fail_slow", "straggler", "flight_recorder")
 #: Events that drive a job's steps (and say the job's stream is alive).
 _STEP_EVENTS = ("iteration", "iteration_step", "collective")
 #: Events that say a job's stream is alive.
 _JOB_LIVENESS = (*_STEP_EVENTS, "checkpoint")
 
 
-@dataclass(frozen=True)
-class EngineParams:
-    #: Constructor arguments per detector name (the operator's settings); defaults are the detectors' own.
-    detectors: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    #: How often the windows of the detectors that are not silence-driven (XID, NIC, GPU) are aged.
-    window_tick_s: float = 1.0
-    #: Hearing nothing at all (no data, no broker answer) for this long means the worker, not the
-    #: cluster, went deaf: silences then count from when it hears again.
-    deaf_after_s: float = 2.0
-    #: Reading a partition's messages this long after they were written (the least late of those read
-    #: from it between two ticks) the worker is behind on it: a subject's newest messages may be in the
-    #: part of the log it has not read, so no silence is judged until it catches up (a late feed is
-    #: not silence). The least late, so that a few producers with slow clocks do not count as a backlog.
-    max_feed_lag_s: float = 1.0
-    #: Events older than this (against the worker's clock) do not start tracking a subject: a new
-    #: consumer group reading an old log must not report every node that left long ago as lost.
-    max_event_age_s: float = 300.0
-    #: Events stamped further ahead of the worker's clock than this are refused (a node with a
-    #: broken clock must not hold a subject "alive" for hours).
-    max_future_s: float = 60.0
-    #: Detector plugins (see :mod:`vigil.streams.plugins`), run beside the built-ins.
-    plugins: tuple[type[Detector], ...] = ()
-    #: The built-in detectors to run.
-    builtins: tuple[str, ...] = BUILTIN
-    #: Detectors of a job started afresh at a known change of its configuration (a new layout, a change
-    #: its training process announced): they judge the job against its own past, and a shift the job
-    #: made on purpose is no fail-slow.
-    afresh_on_change: tuple[str, ...] = ("fail_slow",)
-    #: Called on each detector class before the engine routes to it, returning the class to use
-    #: (``Callable[[type[Detector]], type[Detector]]``): a metrics endpoint times a sample of the
-    #: instances (:class:`vigil.streams.metrics.DetectorTimer`). None: the classes as they are.
-    instrument: Any = None
-
-
-class _Key:
-    """One job or node: its detectors (made on first input), and what the engine knows of it."""
-
-    __slots__ = ("per", "name", "owner", "cluster", "detectors", "last_arrival", "last_event", "feed", "mark",
-                 "nodes", "steps", "engine", "changed_step")
-
-    def __init__(self, per: str, name: str, cluster: str, engine: "DetectionEngine") -> None:
-        self.per = per
-        self.name = name
-        self.owner = f"{per}:{name}"
-        self.cluster = cluster
-        self.detectors: dict[str, Detector] = {}
-        self.last_arrival = float("-inf")
-        self.last_event = float("-inf")  # the newest event time of its signs of life
-        self.feed: Any = None  # where it was read from (a partition)
-        self.mark = float("-inf")  # how far that feed had been read then, in the feed's own time
-        self.nodes: set[str] = set()  # a job's nodes
-        self.steps = StepAssembler() if per == "job" else None
-        self.engine = engine
-        self.changed_step: int | None = None  # the step of the last change announced (every rank may say it)
-
-    @property
-    def key(self) -> str:
-        return self.name
-
-    @property
-    def raised(self) -> frozenset[str]:
-        """Kinds currently raised for this key (the context a detector may consult)."""
-        owner = self.owner
-        reported = self.engine._reported
-        return frozenset(f.kind for d in self.detectors for f in reported.get((owner, d), {}).values())
-
-
-class _SeenIds:
-    """Event ids seen lately: at least the last ``keep``, at most ``2 * keep`` (two generations of sets).
-
-    Keyed by the id's 128-bit integer, which hashes in C (a ``uuid.UUID`` hashes in Python).
-    """
-
-    __slots__ = ("keep", "new", "old")
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self.new: set[int] = set()
-        self.old: set[int] = set()
-
-    def __contains__(self, value: int) -> bool:
-        return value in self.new or value in self.old
-
-    def add(self, value: int) -> None:
-        self.new.add(value)
-        if len(self.new) >= self.keep:
-            self.old, self.new = self.new, set()
-
-
-class DetectionEngine:
+class DetectionEngine(_Timers, _FindingDiff):
     """All detectors of the jobs and nodes this worker owns."""
 
     def __init__(self, params: EngineParams = EngineParams()) -> None:
@@ -219,25 +128,6 @@ class DetectionEngine:
     def future(self, event: Envelope, now: float) -> bool:
         """Is the event stamped implausibly far ahead of ``now``? (The caller dead-letters it.)"""
         return to_seconds(event.event_time) > now + self.params.max_future_s
-
-    def heard(self, now: float) -> None:
-        """Data, or the broker's answer, reached the worker at ``now``.
-
-        The worker calls it for its broker contact too: one whose partitions
-        carry few subjects may hear no data while they are all silent, and
-        its broker contact says the silence is theirs (counted only while it
-        consumes, not during a rebalance). After hearing nothing for
-        ``deaf_after_s`` the worker was deaf: its subjects' silences count
-        from now.
-        """
-        if now - self._last_heard > self.params.deaf_after_s and self._last_heard > float("-inf"):
-            self._feed_back_at = now
-        self._last_heard = max(self._last_heard, now)
-
-    def resumed(self, now: float) -> None:
-        """The worker consumes again (after a rebalance): its subjects' silences count from ``now``."""
-        self._feed_back_at = max(self._feed_back_at, now)
-        self._last_heard = max(self._last_heard, now)
 
     def on_events(self, events: Iterable[Envelope], now: float, replay: bool = False, written: float | None = None,
                   feed: Any = None) -> list[DetectorFinding]:
@@ -441,96 +331,6 @@ class DetectionEngine:
         key = self._keys(per).get(name)
         return key.detectors.get(detector) if key is not None else None
 
-    # -- timers ------------------------------------------------------------
-    def tick(self, now: float) -> list[DetectorFinding]:
-        """Advance every timer to ``now``; return what that raises or clears.
-
-        ``now`` is the clock that event arrivals are stamped with. A silence
-        detector may only fire once its timeout has passed with nothing
-        arriving from its subject: a worker reading a backlog (after a
-        takeover, or while lagging) sees old timestamps that are not silence
-        in the cluster. While some feed is read far behind (:meth:`behind`),
-        silence is judged in the log's own time instead: a subject whose feed
-        has carried its timeout's worth of others' messages since its last
-        one. Onsets stay in event time.
-
-        Silence detectors are checked every tick (nodes first, then jobs); the
-        others only age their windows (holds of minutes), so each is ticked
-        once per ``window_tick_s``, a slice of them per tick: at 10 Hz over
-        thousands of nodes, all at once would stall the worker once a second.
-        """
-        out: list[DetectorFinding] = []
-        alone = len(self.nodes) + len(self.jobs) <= 1
-        feed_back_at, last_heard = self._feed_back_at, self._last_heard
-        behind, marks = self.behind(now), self._marks
-        for registry in self._silence:
-            for key, det in registry.values():
-                timeout = det.timeout_s  # type: ignore[attr-defined]
-                if behind:
-                    # Judged in the log's own time: its feed carried others' messages for more than its
-                    # timeout past its last sign of life (the gaps in the worker's reading are not silence;
-                    # a silence in what was written is, however late it is read). The feed's progress is
-                    # measured in the feed's time and counted on the subject's own clock: no skew.
-                    # Only for subjects heard since the worker last went deaf: after an outage, producers
-                    # deliver what they held in any order, and one not yet read is not silent.
-                    mark = marks.get(key.feed)
-                    if mark is None or mark - key.mark <= timeout or key.last_arrival < feed_back_at:
-                        continue
-                    det.tick(key.last_event + (mark - key.mark))
-                    out += self._diff(key, det, now)
-                    continue
-                # Silent past its timeout as far as the worker can tell: only once it heard something
-                # (data, or its broker) after the timeout ran out (a worker that cannot hear does not
-                # know yet), unless it tracks this subject alone; not counting the time before its
-                # feed came back. Inlined: thousands of subjects every tick.
-                since = key.last_arrival if key.last_arrival > feed_back_at else feed_back_at
-                if now - since <= timeout or not (alone or last_heard - since > timeout):
-                    continue
-                det.tick(now)
-                out += self._diff(key, det, now)
-        out += self._tick_windows(now)
-        return out
-
-    def behind(self, now: float) -> bool:
-        """Is the worker reading some feed far behind (see ``max_feed_lag_s``)?
-
-        Judged at each tick from the messages read since the previous one; a
-        feed stays behind until fresher messages are read from it, or for as
-        long as it was behind (a partition whose writers all stopped has
-        nothing fresher to show).
-        """
-        if self._feed_window:
-            for feed, lag in self._feed_window.items():
-                self._feeds[feed] = (now, lag)
-            self._feed_window = {}
-        limit = self.params.max_feed_lag_s
-        return any(lag > limit and now - seen < lag for seen, lag in self._feeds.values())
-
-    def _tick_windows(self, now: float) -> list[DetectorFinding]:
-        """Tick the share of the window detectors due since the last tick (all of them per window_tick_s)."""
-        out: list[DetectorFinding] = []
-        windows = self._windows
-        if not windows:
-            self._windows_ticked_at = now
-            return out
-        last = self._windows_ticked_at
-        share = 1.0 if last is None else min(1.0, max(0.0, now - last) / self.params.window_tick_s)
-        self._windows_ticked_at = now
-        self._window_credit = min(float(len(windows)), self._window_credit + share * len(windows))
-        while self._window_credit >= 1.0:
-            if not self._window_cycle:
-                self._window_cycle = list(windows)
-                self._window_cycle.reverse()  # popped from the end: oldest first
-            ref = self._window_cycle.pop()
-            self._window_credit -= 1.0
-            entry = windows.get(ref)
-            if entry is None:
-                continue  # dropped since the cycle began
-            key, det = entry
-            det.tick(now)
-            out += self._diff(key, det, now)
-        return out
-
     # -- lifecycle ---------------------------------------------------------
     def on_lifecycle(self, event: JobState | NodeState, now: float) -> list[DetectorFinding]:
         """A job's or a node's state: an end or a clean leave clears and drops it; a restart warms up again;
@@ -575,105 +375,3 @@ class DetectionEngine:
             for raised in self._reported.pop(k).values():
                 out.append(self._cleared(raised, key.cluster if key else raised.source.cluster, now))
         return out
-
-    # -- diffing -----------------------------------------------------------
-    def _diff(self, key: _Key, det: Detector, now: float) -> list[DetectorFinding]:
-        findings = getattr(det, "findings", None)
-        current: list[Finding] = list(findings) if findings is not None else \
-            ([det.finding] if det.finding is not None else [])
-        owner = key.owner
-        if det.transient:
-            return [self._raised(key, det, f) for f in current]
-        reported = self._reported.get((owner, det.name))
-        if not current and not reported:
-            return []
-        if reported is None:
-            reported = self._reported[(owner, det.name)] = {}
-        out: list[DetectorFinding] = []
-        seen: set[str] = set()
-        for f in current:
-            subject = self._subject(key, f)
-            fkey = f"{f.kind}|{subject_key(subject)}|{f.onset:.6f}"
-            seen.add(fkey)
-            if fkey in reported:
-                continue
-            if det.silence:  # who else is quiet right now: many at once share a cause
-                f = dataclasses.replace(f, evidence={**f.evidence, "silent_peers": self._silent_peers(key, det, now)})
-            df = reported[fkey] = self._raised(key, det, f, subject)
-            out.append(df)
-        for fkey in [k for k in reported if k not in seen]:
-            out.append(self._cleared(reported.pop(fkey), key.cluster, now))
-        return out
-
-    def _silent_peers(self, key: _Key, det: Detector, now: float, limit: int = 64) -> list[str]:
-        """The other jobs or nodes whose same detector has heard nothing for over half its timeout."""
-        out = []
-        for name, other in self._keys(key.per).items():
-            peer = other.detectors.get(det.name)
-            if name != key.name and peer is not None and now - other.last_arrival > 0.5 * peer.timeout_s:  # type: ignore[attr-defined]
-                out.append(name)
-                if len(out) >= limit:
-                    break
-        return sorted(out)
-
-    @staticmethod
-    def _subject(key: _Key, f: Finding) -> Subject:
-        if f.subject is not None:  # narrowed by the detector, within its key
-            return Subject(**{key.per: key.name, **{k: v for k, v in f.subject.items() if v is not None}})
-        if key.per == "job":
-            return Subject(job=key.name)
-        ev = f.evidence
-        gpu, port = ev.get("gpu"), ev.get("port")
-        # GPU detectors name a GPU by index (maybe as text); XIDs by PCI bus id.
-        index = int(gpu) if isinstance(gpu, int) or (isinstance(gpu, str) and gpu.isdigit()) else None
-        return Subject(node=key.name, gpu=index, link=f"{key.name}/{port}" if port is not None else None)
-
-    def _raised(self, key: _Key, det: Detector, f: Finding, subject: Subject | None = None) -> DetectorFinding:
-        subject = subject or self._subject(key, f)
-        job = self.jobs.get(subject.job) if subject.job else None
-        node = subject.node if key.per == "node" and subject.job is None else None
-        # What a node's failure takes down: the decision engine acts on these jobs.
-        affected = sorted(j for j, s in self.jobs.items() if node in s.nodes) if node else []
-        return self._finding("raised", f.kind, f.severity, subject, f.onset, det.name, det.version, f.evidence,
-                             key.cluster, sorted(job.nodes) if job else [], f.detected_at, affected,
-                             _with_job(f.slowdown, subject.job))
-
-    def _cleared(self, raised: DetectorFinding, cluster: str, now: float) -> DetectorFinding:
-        return self._finding("cleared", raised.kind, raised.severity, raised.subject, to_seconds(raised.onset_time),
-                             raised.detector, raised.detector_version, raised.evidence, cluster, raised.job_nodes, now,
-                             raised.affected_jobs, raised.slowdown)
-
-    _finding = staticmethod(lambda *a, **k: detector_finding(*a, **k))  # defined below
-
-
-def detector_finding(status: str, kind: str, severity: int, subject: Subject, onset: float, detector: str,
-                     version: str, evidence: dict, cluster: str, job_nodes: list[str], detected_at: float | None,
-                     affected_jobs: list[str], slowdown: Any) -> DetectorFinding:
-    """A finding event; its id is the same wherever and however often it is made (consumers dedupe by it)."""
-    at = onset if detected_at is None else detected_at
-    return DetectorFinding(
-        event_id=uuid.uuid5(_FINDING_NS, f"{status}|{kind}|{subject_key(subject)}|{onset:.6f}"),
-        event_time=from_seconds(at), source=Source(cluster=cluster), status=status, kind=kind,  # type: ignore[arg-type]
-        severity=severity, subject=subject, onset_time=from_seconds(onset), detector=detector,
-        detector_version=version, job_nodes=job_nodes, affected_jobs=affected_jobs, slowdown=slowdown,
-        evidence=_plain(evidence),
-    )
-
-
-def _with_job(slowdown: Any, job: str | None) -> Any:
-    if slowdown is None or job is None or slowdown.job is not None:
-        return slowdown
-    return slowdown.model_copy(update={"job": job})
-
-
-def _plain(value: Any) -> Any:
-    """Evidence as JSON-ready values (tuples to lists, numpy scalars to Python)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value

@@ -3,12 +3,12 @@
 The correlator receives every finding (raised / cleared) and keeps open
 incidents. Each incident has a root finding and the findings it explains
 (its evidence). Attribution is a small set of explicit rules,
-:func:`explains`: a lost node explains the hang, NCCL timeouts and
-connection errors of the jobs on it (the rank that times out is usually
-healthy); a congested NIC explains a communication fail-slow of a job on
-that node; a degraded GPU explains a computation fail-slow; a crashed rank
-explains its job's hang and its peers' timeouts; a fatal XID explains the
-crashes on its node.
+:func:`explains` (in :mod:`vigil.streams.engine.attribution`): a lost
+node explains the hang, NCCL timeouts and connection errors of the jobs
+on it (the rank that times out is usually healthy); a congested NIC
+explains a communication fail-slow of a job on that node; a degraded GPU
+explains a computation fail-slow; a crashed rank explains its job's hang
+and its peers' timeouts; a fatal XID explains the crashes on its node.
 
 When a stronger cause arrives after its symptom already opened an incident,
 that incident is re-rooted (same incident id, an ``update`` whose kind and
@@ -51,80 +51,17 @@ from vigil.schemas import Alert, DetectorFinding, Slowdown, Source, Subject, fro
 from vigil.schemas.evidence import (
     ChainBrokenEvidence, CollectiveStuckEvidence, FailSlowEvidence, NodesSilentEvidence, SilenceEvidence, XidEvidence,
 )
+from vigil.streams.engine.attribution import (  # noqa: F401  (re-exported: the kinds' old home)
+    ANNOTATIONS, COLLECTIVE_STUCK, CRASHES, GPU_CAUSES, JOB_SYMPTOMS, LINK_CAUSES, PEER_SYMPTOMS, TRANSIENT, explains,
+    subject_key,
+)
 
 _INCIDENT_NS = uuid.UUID("0b6c1a52-8f0e-4a43-9d4b-6b8f3e1f2a90")
 MAX_EVIDENCE = 100
-
-TRANSIENT = {"process_exit", "cuda_error", "illegal_memory_access", "software_error", "nccl_timeout",
-             "connection_reset", "connection_refused", "network_error"}
-JOB_SYMPTOMS = {"task_hang", "nccl_timeout", "connection_reset", "connection_refused", "network_error",
-                "process_exit", "fail_slow", "straggler", "iteration_period_lost"}
-PEER_SYMPTOMS = {"task_hang", "nccl_timeout", "connection_reset", "connection_refused", "network_error"}
-GPU_CAUSES = {"throttle", "clock_below_peers", "temperature_outlier", "ecc_dbe", "ecc_sbe", "nvlink_errors"}
-LINK_CAUSES = {"congestion", "link_flap", "transport_errors"}
 #: Many nodes silent together: one incident, a shared cause.
 NODES_SILENT = "nodes_silent"
-#: A hung job's collective, compared across its ranks' flight recorders: the attributed cause of its hang.
-COLLECTIVE_STUCK = "collective_stuck"
-#: Findings that only annotate an incident (they never open one of their own).
-ANNOTATIONS = {"flight_recorder_unavailable"}
 #: What the flight recorders say of a hang: heard late, it still belongs to the hang's closed incident.
 LATE_CAUSES = {COLLECTIVE_STUCK} | ANNOTATIONS
-#: A rank that ended: its job stalls and its peers time out waiting for it.
-CRASHES = TRANSIENT
-
-
-def subject_key(subject: Subject) -> str:
-    return "/".join(f"{k}={v}" for k, v in subject.model_dump(exclude_none=True).items())
-
-
-def _on_job_node(f: DetectorFinding, node: str | None) -> bool:
-    return node is not None and (node in f.job_nodes or f.subject.node == node)
-
-
-def explains(cause: DetectorFinding, symptom: DetectorFinding) -> bool:
-    """Does ``cause`` account for ``symptom``? (The attribution rules.)"""
-    if cause.event_id == symptom.event_id:
-        return False
-    c, s = cause.kind, symptom.kind
-    node = cause.subject.node
-    job = cause.subject.job
-    # The same kind of finding on the same subject continues one incident.
-    if c == s and subject_key(cause.subject) == subject_key(symptom.subject):
-        return True
-    # The same symptom on many ranks of one job is one failure (1000 ranks, 1 incident).
-    if c == s and job is not None and symptom.subject.job == job and s in JOB_SYMPTOMS | TRANSIENT:
-        return True
-    # Several signals of one GPU (throttling, low clock, heat) or one link are one cause.
-    if c in GPU_CAUSES and s in GPU_CAUSES:
-        return (node, cause.subject.gpu) == (symptom.subject.node, symptom.subject.gpu)
-    if c in LINK_CAUSES and s in LINK_CAUSES:
-        return cause.subject.link == symptom.subject.link
-    if c == "node_lost":
-        if s == "node_lost":
-            return False
-        return (s in JOB_SYMPTOMS and _on_job_node(symptom, node)) or symptom.subject.node == node
-    if c in GPU_CAUSES:
-        if s not in ("fail_slow", "straggler") or not _on_job_node(symptom, node):
-            return False
-        slow = symptom.slowdown
-        return slow is None or (slow.slowdown_class in (None, "computation") and slow.node in (None, node))
-    if c in LINK_CAUSES:
-        slow = symptom.slowdown
-        return s in ("fail_slow", "straggler") and _on_job_node(symptom, node) and \
-            (slow is None or slow.slowdown_class in (None, "communication"))
-    if c == "xid" and cause.severity <= 2:
-        return s in CRASHES | {"task_hang"} and symptom.subject.node == node
-    if c in CRASHES:
-        return job is not None and symptom.subject.job == job and s in PEER_SYMPTOMS and not (
-            s in CRASHES and c == "nccl_timeout")  # a timeout does not explain a crash
-    if c == "fail_slow":
-        return s == "straggler" and symptom.subject.job == cause.subject.job
-    if c == COLLECTIVE_STUCK:  # the rank that never entered (or finished) the collective its peers wait in
-        return job is not None and symptom.subject.job == job and s in PEER_SYMPTOMS
-    if c == "task_hang" and s in ANNOTATIONS:
-        return job is not None and symptom.subject.job == job
-    return False
 
 
 @dataclass
