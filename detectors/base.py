@@ -65,6 +65,10 @@ class KeyContext(Protocol):
     def raised(self) -> frozenset[str]:
         """Kinds of the findings currently raised for this key, by any of its detectors."""
 
+    @property
+    def arrived(self) -> float | None:
+        """When the engine last heard a sign of life of this key, on its clock (None: not known)."""
+
 
 class Detector:
     """Base class: snapshot/restore, reset, and the conformance hooks.

@@ -14,6 +14,8 @@ lag page no one, and a real hang is still caught within about ``k`` steps:
 * after the job starts or restarts, until ``warmup`` steps completed, the
   timeout is ``startup_timeout_s`` (compiling kernels, loading a
   checkpoint, rendezvous), and those steps do not teach the step time;
+  nor until ``min_steps`` step times were learned: the longest of a few
+  steps (or delays) says little about the next one;
 * while a checkpoint is under way (the hooks' ``mon.checkpoint()``, and the
   ``torch.save`` / DCP saves they mark themselves), the timeout runs from its
   start and is ``checkpoint_timeout_s`` or ``k`` x the longest checkpoint
@@ -22,8 +24,8 @@ lag page no one, and a real hang is still caught within about ``k`` steps:
   exit code 0), the job is finishing: its other ranks get
   ``startup_timeout_s`` to finish too.
 
-Defaults: ``k=3`` (Unicron), ``max_factor=1.5``, ``min_timeout_s=0.5``,
-``warmup=5``; on the real-agent scenario suite (``vigil bench
+Defaults: ``k=3`` (Unicron), ``max_factor=1.5``, ``min_timeout_s=0.8``,
+``warmup=5``, ``min_steps=10``; on the real-agent scenario suite (``vigil bench
 scenarios``) they give no false hang for 0.2 s steps, a first step 15x the
 others, or a checkpoint step 10x, and catch a real hang within
 ``k x D_iter + 1 s``.
@@ -65,7 +67,11 @@ class HangDetector(Detector):
     max_factor : float
         The timeout is at least this multiple of the longest recent step, >= 1.
     min_timeout_s : float
-        Floor of the learned timeout in seconds.
+        Floor of the learned timeout in seconds (a busy host stalls a healthy process for a fraction of a
+        second: fast steps must not make that a hang).
+    min_steps : int
+        Step times learned (after warm-up) before the learned timeout applies; until then
+        ``startup_timeout_s``.
     startup_timeout_s : float
         Silence allowed before ``warmup`` steps completed.
     checkpoint_timeout_s : float
@@ -73,7 +79,7 @@ class HangDetector(Detector):
 
     Examples
     --------
-    >>> det = HangDetector(k=3, warmup=3)
+    >>> det = HangDetector(k=3, warmup=3, min_steps=5)
     >>> for step in range(10):
     ...     det.update(1.0, t=float(step + 1))       # one step per second, delivered at once
     >>> det.tick(12.5)                                # 2.5 s of silence: fine
@@ -88,23 +94,26 @@ class HangDetector(Detector):
     """
 
     name = "hang"
-    version = "2"
+    version = "3"
     consumes = (PROGRESS, "checkpoint", "job_state", "process_exit")
     per = "job"
     silence = True
 
     def __init__(self, k: float = DEFAULT_K, warmup: int = 5, window: int = 50, max_factor: float = 1.5,
-                 min_timeout_s: float = 0.5, startup_timeout_s: float = 600.0,
-                 checkpoint_timeout_s: float = 600.0) -> None:
+                 min_timeout_s: float = 0.8, startup_timeout_s: float = 600.0,
+                 checkpoint_timeout_s: float = 600.0, min_steps: int = 10) -> None:
         if not k > 1:
             raise DetectorError(f"k must be > 1, got {k!r}")
-        _check_positive_ints(warmup=warmup, window=window)
+        _check_positive_ints(warmup=warmup, window=window, min_steps=min_steps)
+        if min_steps > window:
+            raise DetectorError(f"min_steps ({min_steps}) cannot exceed window ({window}): never that many learned")
         if not max_factor >= 1:
             raise DetectorError(f"max_factor must be >= 1, got {max_factor!r}")
         if not min_timeout_s >= 0:
             raise DetectorError(f"min_timeout_s must be >= 0, got {min_timeout_s!r}")
         self.k = float(k)
         self.warmup = warmup
+        self.min_steps = min_steps
         self.window = window
         self.max_factor = float(max_factor)
         self.min_timeout_s = float(min_timeout_s)
@@ -219,7 +228,7 @@ class HangDetector(Detector):
         if self._checkpoint_since is not None:
             longest = max(self._checkpoints, default=0.0)
             return self._checkpoint_since, max(self.checkpoint_timeout_s, self.k * longest) + lag, "checkpoint"
-        if self._since_start <= self.warmup or not self._steps:
+        if self._since_start <= self.warmup or len(self._steps) < self.min_steps:
             return self._last_progress, self.startup_timeout_s + lag, "startup"  # type: ignore[return-value]
         return self._last_progress, self.learned_timeout_s + lag, "steps"  # type: ignore[return-value]
 

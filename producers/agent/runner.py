@@ -135,9 +135,11 @@ class Agent:
             self.publish(self.run_once(c, self._clock()))
             next_at += c.interval_s
             delay = next_at - time.monotonic()
-            if delay < 0:  # fell behind (a slow run): skip, do not burst
-                next_at = time.monotonic() + c.interval_s
-                delay = c.interval_s
+            if delay < 0:  # fell behind (a slow run, a starved thread): run now, then keep the interval from
+                # here; no burst of the runs missed, and no skipped run either (a heartbeat skipped on a busy
+                # node is a gap of two intervals: most of the way to being declared lost)
+                next_at = time.monotonic()
+                delay = 0.0
             if self._stop.wait(delay):
                 break
 

@@ -37,6 +37,12 @@ class _Key:
         return self.name
 
     @property
+    def arrived(self) -> float | None:
+        """When the worker last heard a sign of life of this key, on its clock; None while replaying the log
+        (arrivals then are not the cluster's)."""
+        return None if self.engine._replaying or self.last_arrival == float("-inf") else self.last_arrival
+
+    @property
     def raised(self) -> frozenset[str]:
         """Kinds currently raised for this key (the context a detector may consult)."""
         owner = self.owner

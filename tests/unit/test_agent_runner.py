@@ -191,3 +191,30 @@ def test_without_a_heartbeat_collector_samples_go_at_once():
     assert agent.sample_wait_s is None
     agent.publish(agent.run_once(samples, datetime(2026, 1, 1, tzinfo=timezone.utc)))
     assert sorted(e[0].event_type for _, e in pub.messages) == ["gpu_telemetry", "nic_counters"]
+
+
+def test_a_run_that_overran_its_interval_is_followed_at_once_not_skipped():
+    """A starved or slow run (a busy node) must not cost a beat: skipping one leaves a two-interval gap in the
+    heartbeats, most of the way to the node being declared lost."""
+    starts: list[float] = []
+
+    class SlowOnce(Collector):
+        name = "slow_once"
+
+        def collect(self, now):
+            starts.append(time.monotonic())
+            if len(starts) == 2:
+                time.sleep(0.6)  # overruns its 0.5 s interval
+            return []
+
+    agent = Agent([SlowOnce(0.5, SRC)], ListPublisher(), SRC)
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, kwargs={"stop": stop})
+    t.start()
+    try:
+        assert wait_until(lambda: len(starts) >= 3, 10)
+    finally:
+        stop.set()
+        t.join(10)
+    # skipping would start the third run an interval after the slow one ended (1.1 s after it began)
+    assert starts[2] - starts[1] < 0.85, starts

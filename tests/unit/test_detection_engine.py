@@ -98,7 +98,9 @@ def test_node_loss_is_detected_after_the_missed_intervals():
     assert last_beat + 2.5 < at <= last_beat + 2.5 + TICK + 1e-9
 
 
-def test_hang_within_three_mean_iterations_then_resolves():
+def test_hang_within_three_mean_iterations_or_the_floor_then_resolves():
+    from vigil.detectors import HangDetector
+
     sim = cluster([Fault("hang", "b", at=10.0, recover_at=15.0)])
     alerts, log = play(sim, 20)
     its = [e for e in log if isinstance(e, IterationTiming) and e.source.job == "b"]
@@ -108,8 +110,10 @@ def test_hang_within_three_mean_iterations_then_resolves():
     versions = next(iter(incidents(alerts).values()))
     (opened, at), (resolved, _) = versions
     assert opened.status == "open" and opened.kind == "task_hang" and opened.severity == 2
-    # events reach the engine at tick granularity: up to one TICK late, which the timeout allows for
-    assert last + 3 * mean < at <= last + 3 * mean + 2 * TICK + 1e-9
+    # events reach the engine at tick granularity: up to one TICK late, which the timeout allows for;
+    # these steps are 0.2 s: 3 x the mean is under the timeout's floor
+    timeout = max(3 * mean, HangDetector().min_timeout_s)
+    assert last + timeout < at <= last + timeout + 2 * TICK + 1e-9
     assert resolved.status == "resolved"
 
 
@@ -255,10 +259,33 @@ def test_a_hang_heard_through_a_delivery_delay_is_called_once_the_event_time_dea
         engine.on_events([_iteration("j", step, t)], t + lag)
         engine.heard(t + lag)
         assert [f for f in engine.tick(t + lag) if f.kind == "task_hang"] == []
-    deadline = t + 3 * 0.2 + lag  # the last step's end + k x D + the delay seen
+    from vigil.detectors import HangDetector
+
+    # the last step's end + k x D (here under the floor) + the delay seen
+    deadline = t + max(3 * 0.2, HangDetector().min_timeout_s) + lag
     now, hung = t + lag, []
     while not hung and now < t + 10:
         now += 0.05
         engine.heard(now)  # its broker answers: the worker hears
         hung = [f for f in engine.tick(now) if f.kind == "task_hang" and f.status == "raised"]
     assert hung and deadline < now <= deadline + 0.1 + 1e-9
+
+
+def test_a_node_whose_beats_arrive_late_is_not_lost_and_one_that_stops_is():
+    """The engine tells the heartbeat detector when each beat arrived: beats heard 0.8 s after they were sent
+    (and one 1.4 s) page no one; when they stop, node_lost comes 2.5 intervals + the delay allowed (the
+    longest recent one, at most an interval) after the last was sent."""
+    engine = DetectionEngine()
+    t = 100.0
+    for seq in range(30):
+        t = 100.0 + seq
+        arrived = t + (1.4 if seq == 20 else 0.8)
+        engine.on_events([_beat("n1", t, seq)], arrived)
+        engine.heard(arrived)
+        assert [f for f in engine.tick(arrived) if f.kind == "node_lost"] == []
+    now, lost = t + 0.8, []
+    while not lost and now < t + 10:
+        now += 0.05
+        engine.heard(now)
+        lost = [f for f in engine.tick(now) if f.kind == "node_lost" and f.status == "raised"]
+    assert lost and t + 2.5 + 1.0 < now <= t + 2.5 + 1.0 + 0.05 + 1e-9  # the delay allowed: at most 1 interval

@@ -32,11 +32,30 @@ def scan(det, start, stop, step=0.01):
 
 @pytest.mark.parametrize("mean", [0.2, 1.0, 7.5])
 def test_fires_just_after_k_times_the_mean(mean):
-    det = HangDetector(k=3, warmup=5)
+    det = HangDetector(k=3, warmup=5, min_timeout_s=0.0)  # the rule alone (the floor is tested below)
     last = feed(det, 100, mean=mean, jitter=0.0)
     fired = scan(det, last, last + 10 * mean, step=mean / 100)
     assert fired == pytest.approx(last + 3 * mean, abs=mean / 50)
     assert det.finding.onset == last and det.finding.severity == 2
+
+
+def test_fast_steps_wait_for_the_floor():
+    """0.2 s steps: 3 x the mean is 0.6 s, less than a busy host stalls a healthy process; the floor holds."""
+    det = HangDetector(k=3, warmup=5, min_timeout_s=0.8)
+    last = feed(det, 100, mean=0.2, jitter=0.0)
+    fired = scan(det, last, last + 5, step=0.002)
+    assert fired == pytest.approx(last + 0.8, abs=0.004)
+
+
+def test_too_few_steps_learned_keep_the_startup_timeout():
+    """Past warm-up, the longest of three steps says little about the next: the start-up timeout holds until
+    min_steps step times were learned, then the learned one does."""
+    det = HangDetector(k=3, warmup=5, min_steps=10, startup_timeout_s=60.0)
+    last = feed(det, 5 + 9, mean=1.0, jitter=0.0)  # 9 learned
+    assert scan(det, last, last + 30, step=0.5) is None
+    det = HangDetector(k=3, warmup=5, min_steps=10, startup_timeout_s=60.0)
+    last = feed(det, 5 + 10, mean=1.0, jitter=0.0)  # 10 learned
+    assert scan(det, last, last + 30, step=0.01) == pytest.approx(last + 3.0, abs=0.02)
 
 
 def test_no_false_alarm_with_jitter_and_normal_gaps():
@@ -176,9 +195,9 @@ def _periodic_job(det, steps, step_s=0.2, every=8, pause_x=10.0, marked=True):
 def test_a_periodic_checkpoint_pause_pages_only_when_nothing_marks_it():
     """Every 8 steps a pause of 10 steps: unmarked, no learned timeout can tell it from a hang (why the hooks
     mark torch.save and DCP saves themselves); marked, no page, and a hang after it is still caught in k x D."""
-    fired, _ = _periodic_job(HangDetector(k=3, warmup=5), 40, marked=False)
+    fired, _ = _periodic_job(HangDetector(k=3, warmup=5, min_timeout_s=0.0), 40, marked=False)
     assert fired is not None
-    det = HangDetector(k=3, warmup=5)
+    det = HangDetector(k=3, warmup=5, min_timeout_s=0.0)  # 0.2 s steps: the k x D rule, not the floor
     fired, end = _periodic_job(det, 40, marked=True)
     assert fired is None and det.learned_timeout_s == pytest.approx(0.6)
     hung = scan(det, end, end + 5)  # the job hangs after its last step

@@ -48,3 +48,23 @@ def test_bad_parameters_raise():
         HeartbeatLoss(missed_intervals=0.5)
     with pytest.raises(DetectorError):
         HeartbeatLoss(interval_s=0)
+
+
+def test_a_stream_that_arrives_late_is_not_a_lost_node():
+    """Beats sent every second but heard up to 1.2 s late (a busy host): the silence counted from the last
+    send includes that delay, which the timeout allows (at most one interval); a real stop is still caught."""
+    det = HeartbeatLoss(missed_intervals=2.5)
+    for seq in range(20):
+        det.update(t=100.0 + seq, interval_s=1.0, seq=seq, lag_s=0.2 if seq % 5 else 0.9)
+    last = 119.0
+    det.tick(last + 2.5 + 0.85)  # the next beat is late by as much as one before it was
+    assert det.finding is None and det.delivery_lag_s == pytest.approx(0.9)
+    det.tick(last + 2.5 + 0.95)
+    assert det.finding is not None and det.finding.evidence["delivery_lag_s"] == pytest.approx(0.9)
+
+
+def test_the_delay_allowed_is_at_most_one_interval():
+    det = HeartbeatLoss(missed_intervals=2.5)
+    det.update(t=100.0, interval_s=1.0, seq=0, lag_s=30.0)  # replayed from a spool after an outage
+    det.tick(103.6)
+    assert det.finding is not None and det.delivery_lag_s == 1.0
