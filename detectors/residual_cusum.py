@@ -95,18 +95,32 @@ What it still gets wrong (same run):
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import numpy as np
 
 from vigil.detectors.base import DetectorError, _check_time, register
 from vigil.detectors.bocd import ChangePointDetector, _check_float, _check_int, _check_value
+from vigil.detectors.segfit import hinge_split, seasonal_offsets, step_split
 
 __all__ = ["ResidualCUSUM"]
 
 _MAD = 1.4826  # sigma / median |e| of a normal
 _LOG_SD = math.pi / math.sqrt(8.0)  # sd of log|Z|, Z standard normal
 _PHIS = (0.0, 0.5, 0.8, 0.95, 1.0)  # candidate AR(1) coefficients of the deviations
+
+
+def _slide(window: tuple[list[float], list[float]], v: float, size: int) -> float:
+    """Add ``log(v)`` to a sliding window (in arrival order, and sorted) of at most ``size`` logs; their median."""
+    fifo, srt = window
+    lv = math.log(v + 1e-300)
+    fifo.append(lv)
+    bisect.insort(srt, lv)
+    if len(fifo) > size:
+        del srt[bisect.bisect_left(srt, fifo.pop(0))]
+    L = len(srt)
+    return 0.5 * (srt[(L - 1) // 2] + srt[L // 2])
 
 
 @register
@@ -119,8 +133,10 @@ class ResidualCUSUM(ChangePointDetector):
     ``kind`` is ``"fail_slow"`` when the level after the onset is above the
     level before, ``"recovery"`` otherwise (the shared convention of
     :class:`~vigil.detectors.bocd.ChangePointDetector`), and its evidence
-    holds ``statistic``: ``"level_up"``, ``"level_down"``, ``"scale_up"``
-    or ``"scale_down"``. Nothing is reported before ``min_points`` values.
+    holds ``statistic``: ``"level_up"``, ``"level_down"``, ``"slope"`` (a
+    kink: the level CUSUM fired and a bending line explains it),
+    ``"scale_up"`` or ``"scale_down"``. Nothing is reported before
+    ``min_points`` values.
 
     Parameters
     ----------
@@ -150,17 +166,36 @@ class ResidualCUSUM(ChangePointDetector):
         standard deviations at its onset: a random walk wanders, it does not jump.
     refine : int
         Values before the CUSUM's onset searched for the best two-line split (0: no refinement).
+    refine_kink, kink_pen : int, float
+        Values before the CUSUM's onset searched for a kink (0: none), and the SSE (in error
+        variances) by which one bending line may fit worse than two free lines and still be taken
+        (it has one parameter fewer); a kink is reported with ``statistic`` ``"slope"``.
     memory : int
         Effective memory (values) of the local line and of the scale.
     slope_ridge : float
         Ridge on the slope (in squared steps): a young segment keeps the slope of the previous one.
     ar_memory, ar_prior, ar_penalty : float
         Memory and prior weight (values) of the AR(1) choice, and the penalty (in log-scale units
-        per unit of coefficient) that favours independence.
+        per unit of coefficient) that favours independence. The errors compared are those of the
+        values as they came, not cleaned: cleaning by the chosen model's forecast favours that model.
     min_points : int
         Values before the first test (>= 3).
     inflation : float
         Thresholds are multiplied by ``1 + inflation / w`` while the scale rests on ``w`` errors.
+    early : int
+        Until ``memory`` errors are in, the scale, the AR choice and the variance ratio are exact
+        medians over the last ``early`` values (0: stochastic approximation from the start).
+    vr_lag, vr_min, walk_jump : int, float, float
+        The series *wanders* when the median ``|x[t] - x[t - vr_lag]|`` is at least ``vr_min``
+        times ``sqrt(vr_lag)`` times the median one-step difference (both net of the slope): a
+        random walk's variance ratio is 1, noise around a level or a trend has ``1 / sqrt(vr_lag)``.
+        A wandering series has no scale change, and its level changes must jump, at the onset, by
+        ``walk_jump`` robust standard deviations of its one-step differences (0: never wanders).
+    warm : float
+        While a level CUSUM is above ``warm`` times its threshold (and the series does not wander),
+        the scale, the AR choice and the variance ratio stop learning (1: only while a candidate is
+        open): the errors a kink or a slow shift leave would otherwise pass for a larger scale or
+        a persistent series.
     season_max, season_every, season_acf, season_gain : float
         Longest period looked for (0: none), how often (values), the autocorrelation a period needs
         and the gain of the seasonal offsets.
@@ -182,7 +217,7 @@ class ResidualCUSUM(ChangePointDetector):
     ...     if det.change_detected:
     ...         c = det.last_change
     ...         print(t, c.evidence["onset_index"], c.evidence["statistic"])
-    361 350 level_up
+    365 350 level_up
     >>> det.period
     24
 
@@ -207,15 +242,16 @@ class ResidualCUSUM(ChangePointDetector):
     """
 
     name = "residual_cusum"
-    version = "1"
+    version = "2"
 
-    def __init__(self, h: float = 12.0, k: float = 1.0, clip: float = 3.0, clean: float = 1.5,
-                 h_scale: float = 10.0, k_scale: float = 0.2, scale_clip: float = 0.5, confirm: int = 12,
-                 confirm_frac: float = 0.34, level_min: float = 1.0, scale_min: float = 1.5, jump_min: float = 3.0,
-                 refine: int = 16, memory: int = 64, slope_ridge: float = 500.0, ar_memory: int = 100,
-                 ar_prior: float = 2.0, ar_penalty: float = 0.5, min_points: int = 4, inflation: float = 6.0,
-                 season_max: int = 64, season_every: int = 32, season_acf: float = 0.35, season_gain: float = 0.1,
-                 max_replay: int = 128) -> None:
+    def __init__(self, h: float = 10.7, k: float = 1.33, clip: float = 3.27, clean: float = 1.39,
+                 h_scale: float = 9.07, k_scale: float = 0.227, scale_clip: float = 0.5, confirm: int = 16,
+                 confirm_frac: float = 0.205, level_min: float = 1.5, scale_min: float = 1.75, jump_min: float = 3.54,
+                 refine: int = 16, refine_kink: int = 65, kink_pen: float = 2.36, memory: int = 64,
+                 slope_ridge: float = 731.0, ar_memory: int = 100, ar_prior: float = 2.0, ar_penalty: float = 0.199,
+                 min_points: int = 4, inflation: float = 6.89, early: int = 35, vr_lag: int = 8,
+                 vr_min: float = 0.753, walk_jump: float = 4.17, season_max: int = 64, season_every: int = 32,
+                 season_acf: float = 0.411, season_gain: float = 0.1, max_replay: int = 128, warm: float = 0.62) -> None:
         self.h = _check_float(h, "h", 0.0)
         self.k = _check_float(k, "k", 0.0, low_open=False)
         self.clip = _check_float(clip, "clip", 0.0)
@@ -227,31 +263,40 @@ class ResidualCUSUM(ChangePointDetector):
         self.confirm_frac = _check_float(confirm_frac, "confirm_frac", 0.0)
         self.level_min = _check_float(level_min, "level_min", 0.0, low_open=False)
         self.scale_min = _check_float(scale_min, "scale_min", 1.0, low_open=False)
+        self.jump_min = _check_float(jump_min, "jump_min", 0.0, low_open=False)
+        self.refine = _check_int(refine, "refine", 0)
+        self.refine_kink = _check_int(refine_kink, "refine_kink", 0)
+        self.kink_pen = _check_float(kink_pen, "kink_pen", 0.0, low_open=False)
         self.memory = _check_int(memory, "memory", 2)
         self.slope_ridge = _check_float(slope_ridge, "slope_ridge", 0.0)
         self.ar_memory = _check_int(ar_memory, "ar_memory", 2)
         self.ar_prior = _check_float(ar_prior, "ar_prior", 0.0, low_open=False)
         self.ar_penalty = _check_float(ar_penalty, "ar_penalty", 0.0, low_open=False)
-        self.jump_min = _check_float(jump_min, "jump_min", 0.0, low_open=False)
-        self.refine = _check_int(refine, "refine", 0)
         self.min_points = _check_int(min_points, "min_points", 3)
         self.inflation = _check_float(inflation, "inflation", 0.0, low_open=False)
+        self.early = _check_int(early, "early", 0)
+        self.vr_lag = _check_int(vr_lag, "vr_lag", 2)
+        self.vr_min = _check_float(vr_min, "vr_min", 0.0, low_open=False)
+        self.walk_jump = _check_float(walk_jump, "walk_jump", 0.0, low_open=False)
         self.season_max = _check_int(season_max, "season_max", 0)
         self.season_every = _check_int(season_every, "season_every", 1)
         self.season_acf = _check_float(season_acf, "season_acf", 0.0, 1.0)
         self.season_gain = _check_float(season_gain, "season_gain", 0.0, 1.0, high_open=False)
         self.max_replay = _check_int(max_replay, "max_replay", 1)
+        self.warm = _check_float(warm, "warm", 0.0, 1.0, high_open=False)
         if self.max_replay > self.history // 2:
             raise DetectorError(f"max_replay must be <= {self.history // 2}, got {max_replay!r}")
+        if max(self.refine, self.refine_kink) + self.max_replay > self.history:
+            raise DetectorError(f"refine and refine_kink must be <= {self.history - self.max_replay}")
         self._reset()
 
     # -- state -------------------------------------------------------------------
     def _reset(self) -> None:
         self._cp_reset()
         self._lam = 1.0 - 1.0 / self.memory
-        self._lam_ar = 1.0 - 1.0 / self.ar_memory
         self._z = [0.0] * self.history  # standardised errors, by index
         self._dev = [0.0] * self.history  # cleaned deviations from the local line (seasonality included)
+        self._xd = [0.0] * self.history  # deseasonalised values, by index
 
         self._started = False
         self._seg = 0  # first index of the current segment
@@ -261,8 +306,18 @@ class ResidualCUSUM(ChangePointDetector):
         self._mg = 0.0  # in-control mean of the log score
         self._wa = 0.0  # weight of the AR estimate (values, up to ar_memory)
         self._lqs = [0.0] * len(_PHIS)  # log median |e| of each candidate AR coefficient
+        self._eqs = [1.0] * len(_PHIS)  # their exp
         self._phi = 0.0
-        self._u_prev = 0.0
+        self._u_prev = 0.0  # deviation of the previous cleaned value from the structural forecast
+        self._ur_prev = 0.0  # the same, not cleaned
+        self._lv1 = 0.0  # log median |one-step difference - slope|
+        self._lvq = 0.0  # log median |vr_lag-step difference - vr_lag x slope|
+        self._ev1 = self._evq = 1.0  # their exp
+        self._wv = 0.0
+        # sliding windows (arrival order, sorted) of |error| for the exact medians of the first values:
+        # the scale, each AR coefficient, the one-step and the vr_lag-step differences; None afterwards
+        self._early: list[tuple[list[float], list[float]]] | None = None
+        self._n_early = 0
         self._period = 0
         self._season: list[float] = []
         self._next_season = 0
@@ -304,21 +359,22 @@ class ResidualCUSUM(ChangePointDetector):
 
     def _step(self, x: float, i: int, detect: bool, t: float) -> None:
         """Process value ``x`` at index ``i``; test for a change when ``detect``."""
+        H = self.history
         per = self._period
         s = self._season[i % per] if per else 0.0
-        m, _ = self._forecast()
+        m, slope = self._forecast()
+        self._xd[i % H] = x - s
         if m != m:  # first value of the segment
             self._absorb(x - s)
-
-            self._u_prev = 0.0
-            self._z[i % self.history] = 0.0
+            self._u_prev = self._ur_prev = 0.0
+            self._z[i % H] = 0.0
             return
         m += s
         u = x - m
         e = u - self._phi * self._u_prev
         sig = self._sig
         z = e / sig
-        self._z[i % self.history] = z
+        self._z[i % H] = z
         a = abs(z)
         g = math.log(a / _MAD) if a > 1e-300 else -3.0
         gmax = self.scale_clip
@@ -351,11 +407,11 @@ class ResidualCUSUM(ChangePointDetector):
             h = self.h * infl
             hs = self.h_scale * infl
             cand = self._cand
-            if cand:  # still above its threshold, not outlived, and no level candidate behind a scale one?
+            if cand:  # still above its threshold, not outlived, no level candidate behind a scale one, no walk?
                 alive = (sp > h if cand == "level_up" else sn > h if cand == "level_down"
                          else vp > hs if cand == "scale_up" else vn > hs)
                 if not alive or i - self._cand_onset >= self.max_replay or (
-                        cand[0] == "s" and (sp > h or sn > h)):
+                        cand[0] == "s" and (sp > h or sn > h or self._walks())):
                     if alive:  # unverified for too long, or overtaken: start that statistic afresh
                         self._restart(cand, i)
                         sp, sn, vp, vn = self._sp, self._sn, self._vp, self._vn
@@ -363,7 +419,8 @@ class ResidualCUSUM(ChangePointDetector):
             if not cand:
                 if sp > h or sn > h:
                     cand, onset = ("level_up", self._sp0) if sp > sn else ("level_down", self._sn0)
-                elif vp > hs or vn > hs:
+                elif (vp > hs or vn > hs) and not self._walks():
+                    # a wandering series' errors grow and shrink with the model's lag: no scale change there
                     cand, onset = ("scale_up", self._vp0) if vp > vn else ("scale_down", self._vn0)
                 if cand:
                     self._cand_start = max(onset, self._seg + 1, i - self.max_replay + 1)
@@ -381,47 +438,112 @@ class ResidualCUSUM(ChangePointDetector):
                     self._change_at(self._cand_onset, i, t, cand)
                     return
                 hot = True
+            elif (sp > h * self.warm or sn > h * self.warm) and not self._walks():
+                # evidence of a shift is building up: the nuisance parameters must not absorb it (a lagging
+                # line's errors would otherwise pass for an AR coefficient or a larger scale, and a kink for neither)
+                hot = True
         # update the model with the cleaned value
         cl = self.clean
         ec = (cl if z > cl else (-cl if z < -cl else z)) * sig
         uc = u - e + ec  # deviation of the cleaned value from the structural forecast
         self._absorb(m - s + uc)
-        self._dev[i % self.history] = uc + s  # deviation of the cleaned value from the local line
+        self._dev[i % H] = uc + s  # deviation of the cleaned value from the local line
         if per:
             self._season[i % per] += self.season_gain * uc
-        up = self._u_prev
-        if hot:  # a candidate is open: the scale and the AR coefficient wait for its verdict
-            self._u_prev = uc
+        ur = self._ur_prev
+        self._u_prev = uc
+        self._ur_prev = u
+        if hot:  # a candidate is open: the scale, the AR coefficient and the variance ratio wait for its verdict
             return
-        # AR(1) coefficient: of a few candidates, the one whose errors have the smallest median |e|
-        # (each tracked in log space: a spike or a block of slow steps barely moves a median)
+        early = self._early
+        # AR(1) coefficient: of a few candidates, the one whose errors (on the values as they came, so that
+        # cleaning by the chosen model's forecast does not favour that model) have the smallest median |e|,
+        # each tracked in log space: a spike or a block of slow steps barely moves a median
         wa = self._wa + 1.0
         if wa > self.ar_memory:
             wa = float(self.ar_memory)
         self._wa = wa
         g_ = 1.0 / wa
         lqs = self._lqs
+        eqs = self._eqs
+        pen = self.ar_penalty
         best, bj = 1e300, 0
-        for j, ph in enumerate(_PHIS):
-            ej = uc - ph * up
-            lj = lqs[j]
-            lj += g_ if abs(ej) > math.exp(lj) else -g_
-            lqs[j] = lj
-            sc = lj + self.ar_penalty * ph
-            if sc < best:
-                best, bj = sc, j
-        self._phi = _PHIS[bj]
-        self._u_prev = uc
+        if early is not None:  # the first values: exact medians (a stochastic approximation moves too slowly)
+            for j, ph in enumerate(_PHIS):
+                lj = lqs[j] = _slide(early[j + 1], abs(u - ph * ur), self.early)
+                eqs[j] = math.exp(lj)
+                if lj + pen * ph < best:
+                    best, bj = lj + pen * ph, j
+        else:
+            eg = math.exp(g_)
+            for j, ph in enumerate(_PHIS):
+                if abs(u - ph * ur) > eqs[j]:
+                    lj = lqs[j] = lqs[j] + g_
+                    eqs[j] *= eg
+                else:
+                    lj = lqs[j] = lqs[j] - g_
+                    eqs[j] /= eg
+                if lj + pen * ph < best:
+                    best, bj = lj + pen * ph, j
+        phi = _PHIS[bj]
+        if phi != self._phi:  # the scale follows the errors of the model now chosen
+            self._lq += lqs[bj] - lqs[_PHIS.index(self._phi)]
+            self._phi = phi
+        # variance ratio: a random walk's vr_lag-step differences are sqrt(vr_lag) times its one-step ones,
+        # those of noise around a level or a trend are as large as its one-step ones
+        if self.vr_min > 0 and i >= self.vr_lag:
+            xd = self._xd
+            q = self.vr_lag
+            d1 = abs(xd[i % H] - xd[(i - 1) % H] - slope)
+            dq = abs(xd[i % H] - xd[(i - q) % H] - q * slope)
+            if early is not None:
+                self._lv1 = _slide(early[-2], d1, self.early)
+                self._lvq = _slide(early[-1], dq, self.early)
+                self._ev1, self._evq = math.exp(self._lv1), math.exp(self._lvq)
+            else:
+                wv = self._wv = min(self._wv + 1.0, float(self.ar_memory))
+                gv = 1.0 / wv
+                ev = math.exp(gv)
+                if d1 > self._ev1:
+                    self._lv1 += gv
+                    self._ev1 *= ev
+                else:
+                    self._lv1 -= gv
+                    self._ev1 /= ev
+                if dq > self._evq:
+                    self._lvq += gv
+                    self._evq *= ev
+                else:
+                    self._lvq -= gv
+                    self._evq /= ev
         # scale: the median of |e| tracked in log space, gain decreasing to 1/memory
         w = self._w + 1.0
         if w > self.memory:
             w = float(self.memory)
         self._w = w
-        lq = self._lq + (1.0 if a > 1.0 / _MAD else -1.0) / w
+        if early is not None:
+            lq = _slide(early[0], abs(e), self.early)
+        else:
+            lq = self._lq + (1.0 if a > 1.0 / _MAD else -1.0) / w
         floor = math.log(1e-9 * abs(x) + 1e-300)
         self._lq = lq if lq > floor else floor
         self._sig = _MAD * math.exp(self._lq)
-        self._mg += (g - self._mg) / w
+        if early is not None:
+            # the in-control log score: the mean over the window's errors on the scale now (a running mean
+            # from the first values would remember the large errors of a model that had not learnt yet)
+            cg = math.log(self._sig * _MAD)
+            lo, hi = cg - 2.0, cg + gmax
+            srt = early[0][1]
+            n_lo = bisect.bisect_left(srt, lo)
+            n_hi = bisect.bisect_right(srt, hi)
+            L = len(srt)
+            total = sum(srt[n_lo:n_hi]) + n_lo * lo + (L - n_hi) * hi
+            self._mg = total / L - cg
+            self._n_early += 1
+            if self._n_early >= self.memory:
+                self._early = None
+        else:
+            self._mg += (g - self._mg) / w
 
     def _locate(self, start: int, i: int, sign: float) -> int:
         """The onset in ``start..i`` that maximises the mean-shift likelihood ratio of the clipped errors after it."""
@@ -449,6 +571,10 @@ class ResidualCUSUM(ChangePointDetector):
         else:
             self._vn, self._vn0 = 0.0, i + 1
 
+    def _walks(self) -> bool:
+        """Does the series wander like a random walk (a variance ratio of at least ``vr_min``)?"""
+        return self.vr_min > 0 and self._lvq - self._lv1 >= math.log(self.vr_min * math.sqrt(self.vr_lag))
+
     def _verified(self, cand: str, onset: int, i: int) -> bool:
         """Is the change sustained: the errors since the onset at a new level (or scale)?"""
         H = self.history
@@ -463,7 +589,14 @@ class ResidualCUSUM(ChangePointDetector):
                 return False
             if self._phi >= 0.8:  # a persistent series: a change must also jump, a random walk only wanders
                 jump = max(abs(self._z[j % H]) for j in range(max(onset - 1, self._seg), min(onset + 2, i + 1)))
-                return jump >= self.jump_min
+                if jump < self.jump_min:
+                    return False
+            if self._walks():  # wandering whatever the model: a jump of the one-step differences themselves
+                xd = self._xd
+                _, slope = self._forecast()
+                jump = max(abs(xd[j % H] - xd[(j - 1) % H] - slope)
+                           for j in range(max(onset - 1, self._seg + 1), min(onset + 2, i + 1)))
+                return jump >= self.walk_jump * _MAD * math.exp(self._lv1)
             return True
         az = sorted(abs(v) for v in zs)
         med = 0.5 * (az[(L - 1) // 2] + az[L // 2]) * _MAD
@@ -472,36 +605,41 @@ class ResidualCUSUM(ChangePointDetector):
             return med >= self.scale_min and last >= self.scale_min
         return med <= 1.0 / self.scale_min and last <= 1.0 / self.scale_min
 
-    def _refine(self, onset: int, i: int) -> int:
-        """The split of the recent values that two straight lines fit best (a shift or a kink)."""
-        i0 = max(self._seg, onset - self.refine, i + 1 - self.history)
-        if i + 1 - i0 < 8:
-            return onset
+    def _refine(self, onset: int, i: int) -> tuple[int, float | None]:
+        """The onset of a level change from the recent values: a shift, or a kink; and the slope after a kink.
+
+        A shift is the split that two free lines fit best within ``refine`` values before the CUSUM's
+        onset; a kink (a line that bends, one parameter fewer) wins when its SSE is within
+        ``kink_pen`` error variances of the best two-line fit over ``refine_kink`` values before it:
+        the errors a kink leaves grow slowly, so its CUSUM fires late and far from the bend.
+        """
+        back = max(self.refine, self.refine_kink)
+        i0 = max(self._seg, onset - back, i + 1 - self.history)
+        L = i + 1 - i0
+        if L < 8:
+            return onset, None
         H = self.history
         idx = np.arange(i0, i + 1)
         y = self._vals[idx % H]
         if self._period:
             y = y - np.asarray(self._season)[idx % self._period]
-        t = (idx - i0).astype(float)
-        # cumulative sums of 1, t, t^2, y, t y, y^2 from the left and from the right
-        cs = [np.concatenate(([0.0], np.cumsum(v))) for v in (np.ones_like(t), t, t * t, y, t * y, y * y)]
-        L = t.shape[0]
-        ks = np.arange(3, L - 2)  # the new segment starts at i0 + k; 3 values at least on each side
-
-        def sse(a, b):  # SSE of the least-squares line through values a .. b-1 (arrays of a, b)
-            n, st, stt, sy, sty, syy = (c[b] - c[a] for c in cs)
-            vt = stt - st * st / n
-            vy = syy - sy * sy / n
-            cty = sty - st * sy / n
-            return vy - np.where(vt > 0, cty * cty / np.where(vt > 0, vt, 1.0), 0.0)
-
-        cost = sse(np.zeros_like(ks), ks) + sse(ks, np.full_like(ks, L))
-        return int(i0 + ks[int(np.argmin(cost))])
+        k, _ = step_split(y, lo=onset - self.refine - i0)
+        shift = onset if k < 0 else i0 + k
+        if not self.refine_kink:
+            return shift, None
+        c, sse_kink, slope = hinge_split(y)
+        _, sse_two = step_split(y)
+        if c >= 0 and sse_kink - sse_two <= self.kink_pen * self._sig * self._sig:
+            return i0 + c, slope
+        return shift, None
 
     def _change_at(self, onset: int, i: int, t: float, why: str) -> None:
+        kink = None
         if self.refine and why.startswith("level"):
-            onset = self._refine(onset, i)
+            onset, kink = self._refine(onset, i)
         _, slope = self._forecast()
+        if kink is not None:
+            slope, why = kink, "slope"
         b, a = self._levels(onset, start=self._seg)
         self._emit(onset, t, b, a, statistic=why)
         self._seg = onset
@@ -526,7 +664,15 @@ class ResidualCUSUM(ChangePointDetector):
         self._w = 1.0
         # prior: independent errors (phi = 0); phi = 1 errors would be sqrt(2) larger
         self._lqs = [self._lq + 0.5 * math.log(1.0 + ph * ph) for ph in _PHIS]
+        self._eqs = [math.exp(v) for v in self._lqs]
         self._wa = self.ar_prior
+        # prior of the variance ratio: halfway between noise (1 / sqrt(vr_lag)) and a random walk (1)
+        self._lv1 = self._lq
+        self._lvq = self._lq + math.log(0.5 * math.sqrt(self.vr_lag))
+        self._ev1, self._evq = math.exp(self._lv1), math.exp(self._lvq)
+        if self.early:
+            first = [math.log(float(x) / math.sqrt(2.0) + 1e-300) for x in dev]
+            self._early = [(list(first), sorted(first)) for _ in range(len(_PHIS) + 1)] + [([], []), ([], [])]
         self._mg = -0.24  # E log(|Z| / 0.6745) of a normal
         self._started = True
         for j in range(self._n):
@@ -534,54 +680,16 @@ class ResidualCUSUM(ChangePointDetector):
         self._zero_cusums()
 
     def _season_check(self) -> None:
-        """Look for a period in the recent deviations from the local line (their ACF, by FFT).
-
-        A period ``p`` is a lag whose autocorrelation is at least ``season_acf``
-        (and 4 standard errors of a white-noise ACF), a local maximum, and rises
-        by ``season_acf`` above the lowest autocorrelation at a shorter lag: a
-        seasonal curve or a spike every ``p`` values swings, a random walk's or
-        an AR(1)'s autocorrelation only decays.
-        """
+        """Look for a period in the recent deviations from the local line (:func:`~vigil.detectors.segfit.seasonal_offsets`)."""
         n = self._n
         m = min(n - self._seg, self.history, 4 * self.season_max)
         if m < 12:
             return
         H = self.history
         v = np.asarray([self._dev[j % H] for j in range(n - m, n)])
-        med = float(np.median(v))
-        mad = _MAD * float(np.median(np.abs(v - med))) + 1e-300
-        d = np.clip(v - med, -3 * mad, 3 * mad)
-        d -= d.mean()
-        L = d.shape[0]
-        pmax = min(self.season_max, L // 3)
-        if pmax < 3:
-            return
-        size = 1 << int(2 * L - 1).bit_length()
-        f = np.fft.rfft(d, size)
-        ac = np.fft.irfft(f * np.conj(f), size)[: pmax + 2]
-        if not ac[0] > 0:
-            return
-        ac = ac / ac[0] * L / (L - np.arange(pmax + 2))
-        thr = max(self.season_acf, 4.0 / math.sqrt(L - pmax))
-        peaks = [p for p in range(3, pmax + 1)
-                 if ac[p] >= thr and ac[p] >= ac[p - 1] and ac[p] >= ac[p + 1]
-                 and ac[p] - float(ac[1:p].min()) >= self.season_acf]
-        if not peaks:
-            return
-        best = max(float(ac[p]) for p in peaks)
-        p = next(q for q in peaks if ac[q] >= best - 0.05)  # the shortest of the best (not a multiple)
-        if p == self._period:
-            return
-        # seasonal offsets: per-phase median of the deviations over the last whole cycles
-        k = (m // p) * p
-        idx = np.arange(n - k, n)
-        r = v[m - k:]
-        season = [0.0] * p
-        for j in range(p):
-            season[int(idx[j]) % p] = float(np.median(r[j::p]))
-        mean = sum(season) / p
-        self._season = [x - mean for x in season]
-        self._period = p
+        found = seasonal_offsets(v, self.season_max, self.season_acf, first=n - m, known=self._period)
+        if found is not None and found[0] != self._period:
+            self._period, self._season = found
 
     # -- input ---------------------------------------------------------------------
     def update(self, x: float, *, t: float) -> None:

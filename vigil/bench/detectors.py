@@ -25,9 +25,16 @@ load), so one section can be refreshed without re-running the rest.
 
 Tuning: ``bocd_verify``'s ``min_after`` and ``z_min`` and
 ``residual_cusum_verify``'s and ``residual_cusum``'s defaults were chosen on
-seed 0 (the tuning seed) only. The baselines (``bocd``, ``sliding_window``,
-``adwin``, ``page_hinkley``) run with their defaults and are named
-``(untuned)``.
+seed 0 (the tuning seed) only (``residual_cusum``'s by the random search of
+:mod:`vigil.bench.tune_changepoints`). The baselines (``bocd``,
+``sliding_window``, ``adwin``, ``page_hinkley``) run with their defaults and
+are named ``(untuned)``.
+
+Evaluation seeds: 4 and 5 since issue 19's second round. Seeds 2 and 3 were
+the evaluation seeds before; one false alarm on a clean trace of seed 2 was
+looked at to find its cause (none in 4,750 clean traces of other seeds), so
+they are no longer unseen. Seed 1 of the general corpus was looked at while
+the general section was built.
 
 Fail-slow scoring
 -----------------
@@ -371,7 +378,7 @@ def _load() -> list[float] | None:
 
 
 def run(json_path: str | None = None, n_traces: int = 500, tuning_seeds: Sequence[int] = (0,),
-        evaluation_seeds: Sequence[int] = (2, 3), n_out_of_family: int = 50, general: bool = True,
+        evaluation_seeds: Sequence[int] = (4, 5), n_out_of_family: int = 50, general: bool = True,
         n_general_per_family: int = 70, progress: Callable[[str], Any] | None = None,
         detectors: Sequence[str] = DETECTORS, sections: Sequence[str] = tuple(SECTIONS)) -> dict[str, Any]:
     """Run the benchmark (``sections`` of :data:`SECTIONS`, default all); write the result to ``json_path``
