@@ -34,6 +34,7 @@ import numpy as np
 from scipy.special import gammaln
 
 from vigil.detectors.base import Detector, DetectorError, Finding, _check_time, register
+from vigil.detectors.segfit import median as _median
 
 __all__ = ["BOCD", "ChangePointDetector"]
 
@@ -66,16 +67,6 @@ def _check_value(value: Any, what: str = "x") -> float:
             or not math.isfinite(value):
         raise DetectorError(f"{what} must be a finite number, got {value!r}")
     return float(value)
-
-
-def _median(a: np.ndarray) -> float:
-    """Median of a non-empty 1-d array (``np.median`` without its overhead)."""
-    n = a.shape[0]
-    k = n // 2
-    if n % 2:
-        return float(np.partition(a, k)[k])
-    p = np.partition(a, (k - 1, k))
-    return 0.5 * float(p[k - 1] + p[k])
 
 
 class ChangePointDetector(Detector):

@@ -19,12 +19,12 @@ import math
 
 import numpy as np
 
-__all__ = ["step_split", "hinge_split", "seasonal_offsets"]
+__all__ = ["step_split", "hinge_split", "seasonal_offsets", "median"]
 
 _MAD = 1.4826  # sigma / median |e| of a normal
 
 
-def _median(a: np.ndarray) -> float:
+def median(a: np.ndarray) -> float:
     """Median of a non-empty 1-d array (``np.median`` without its overhead)."""
     n = a.shape[0]
     k = n // 2
@@ -118,8 +118,8 @@ def seasonal_offsets(v: np.ndarray, max_period: int, min_acf: float, first: int 
     (10, 0.95, -0.95)
     """
     m = v.shape[0]
-    med = _median(v)
-    mad = _MAD * _median(np.abs(v - med)) + 1e-300
+    med = median(v)
+    mad = _MAD * median(np.abs(v - med)) + 1e-300
     d = np.clip(v - med, -3 * mad, 3 * mad)
     d -= d.mean()
     pmax = min(max_period, m // 3)
@@ -146,6 +146,6 @@ def seasonal_offsets(v: np.ndarray, max_period: int, min_acf: float, first: int 
     r = v[m - k:]
     season = [0.0] * p
     for j in range(p):
-        season[int(idx[j]) % p] = _median(r[j::p])
+        season[int(idx[j]) % p] = median(r[j::p])
     mean = sum(season) / p
     return p, [x - mean for x in season]
