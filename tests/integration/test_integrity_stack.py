@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,13 @@ PASSWORD = f"S3cret-{uuid.uuid4().hex[:12]}"
 def vigil(*args, env, timeout=120):
     return subprocess.run([sys.executable, "-m", "vigil.cli", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def vigil_side_by_side(commands: list[tuple[str, ...]], env, timeout=120) -> list[subprocess.CompletedProcess]:
+    """Independent `vigil` commands run at once, their results in order. Each is mostly a Python start-up (seconds of
+    CPU) or a wait on a server that does not answer, so one after another they leave a core idle."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda args: vigil(*args, env=env, timeout=timeout), commands))
 
 
 @pytest.fixture
@@ -144,9 +152,10 @@ def test_the_query_endpoint_is_read_only_one_statement_and_wants_the_token(env, 
         assert not outfile.exists()
         assert post(url, "SELECT count() AS n FROM vigil.alerts", token)[0] == 200  # still there
 
-        # `vigil sql` uses the token, and answers the README's cookbook as the store itself does.
-        for recipe in COOKBOOK:
-            r = vigil("sql", recipe.sql, "--format", "json", env=env)
+        # `vigil sql` uses the token, and answers the README's cookbook as the store itself does (the endpoint
+        # serves requests in threads on a store that serializes them: users may query at once).
+        ran = vigil_side_by_side([("sql", recipe.sql, "--format", "json") for recipe in COOKBOOK], env=env)
+        for recipe, r in zip(COOKBOOK, ran):
             assert r.returncode == 0, (recipe.name, r.stderr)
             got = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
             for row in got + answers[recipe.name]:
@@ -175,16 +184,16 @@ def test_no_password_in_any_output_and_private_state_files(env, tmp_path):
     outputs: dict[str, str] = {}
     up = Up(good, state)
     try:
-        r = vigil("sql", "SELECT count() AS n FROM vigil.alerts", "--format", "json", env=good)
-        assert r.returncode == 0, r.stderr
-        outputs["sql"] = r.stdout + r.stderr
-        r = vigil("sql", "SELEC broken", env=good)
-        outputs["sql error"] = r.stdout + r.stderr
-        r = vigil("migrate", env=good)  # the stack holds the directory: an error naming the DSN
-        assert r.returncode == 1
-        outputs["migrate (held)"] = r.stdout + r.stderr
-        r = vigil("replay", "--from", "2026-01-01", env=good)
-        outputs["replay (held)"] = r.stdout + r.stderr
+        sql, sql_error, migrate_held, replay_held = vigil_side_by_side([
+            ("sql", "SELECT count() AS n FROM vigil.alerts", "--format", "json"), ("sql", "SELEC broken"),
+            ("migrate",),  # the stack holds the directory: an error naming the DSN
+            ("replay", "--from", "2026-01-01")], env=good)
+        assert sql.returncode == 0, sql.stderr
+        outputs["sql"] = sql.stdout + sql.stderr
+        outputs["sql error"] = sql_error.stdout + sql_error.stderr
+        assert migrate_held.returncode == 1
+        outputs["migrate (held)"] = migrate_held.stdout + migrate_held.stderr
+        outputs["replay (held)"] = replay_held.stdout + replay_held.stderr
         stack_json = (state / "stack.json").read_text()
         assert PASSWORD not in stack_json and "password=***" in stack_json
         assert_private(state)
@@ -198,8 +207,9 @@ def test_no_password_in_any_output_and_private_state_files(env, tmp_path):
     outputs["migrate"] = r.stdout + r.stderr
     # A ClickHouse server that does not answer: every error names the DSN without its password.
     bad = {**env, "VIGIL_CLICKHOUSE_DSN": f"http://vigil:{PASSWORD}@127.0.0.1:9/", "VIGIL_KAFKA_BOOTSTRAP": "127.0.0.1:9"}
-    for args in (("up",), ("migrate",), ("sql", "SELECT 1"), ("replay",)):
-        r = vigil(*args, env=bad)
+    # (`up` waits 15 s for the broker to answer; the others fail at once)
+    no_server = [("up",), ("migrate",), ("sql", "SELECT 1"), ("replay",)]
+    for args, r in zip(no_server, vigil_side_by_side(no_server, env=bad)):
         assert r.returncode != 0, args
         outputs[" ".join(args) + " (no server)"] = r.stdout + r.stderr
     r = vigil("demo", env={**good, "VIGIL_CLICKHOUSE_DSN": f"chdb://{state}/demo-history?password={PASSWORD}"},
