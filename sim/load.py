@@ -46,7 +46,7 @@ waits (1 s at a time) until a target is free. What a fault does and how it ends:
 ==============  =====================================================================================
 
 A job is busy (takes no other fault) from a fault until ``warm_steps`` steps after its
-requeue (the hang detector's warm-up), and takes a fail-slow only after
+requeue (:data:`WARM_STEPS`: the hang detector's warm-up and learning), and takes a fail-slow only after
 ``fail_slow_history`` steps since it (re)started (the change-point detector's history).
 
 Pure like the simulator: :meth:`LoadGenerator.advance` takes the time to generate up
@@ -62,6 +62,7 @@ import random
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from vigil.detectors import HangDetector
 from vigil.schemas import (
     GPUS_PER_NODE, ExceptionCategory, JobState, NodeState, ProcessExit, Source, TrainingException, XidError, encode,
     from_seconds,
@@ -69,6 +70,10 @@ from vigil.schemas import (
 from vigil.sim.job_mix import JOB_SIZES, plan_jobs
 from vigil.sim.simulator import Fault, SimJob
 from vigil.sim.wire import NODE_RECORDS, StepColumns, Wire
+
+#: Steps after a (re)start before a hang can be told from a start: the hang detector's warm-up and the step
+#: times it learns from (its defaults are the one home), and one more.
+WARM_STEPS = HangDetector().warmup + HangDetector().min_steps + 1
 
 __all__ = ["JOB_SIZES", "KINDS", "NODE_RECORDS", "Injection", "LoadGenerator", "Message", "plan_jobs"]
 
@@ -152,7 +157,7 @@ class LoadGenerator:
 
     def __init__(self, gpus: int, start: float, *, seed: int = 0, cluster: str = "load", faults_per_kind: int = 0,
                  faults_from: float = 30.0, node_loss_gap_s: float = 6.5, node_down_s: float = 6.0,
-                 remedy_s: float = 8.0, slowdown: float = 0.5, slow_steps: int = 20, warm_steps: int = 10,
+                 remedy_s: float = 8.0, slowdown: float = 0.5, slow_steps: int = 20, warm_steps: int | None = None,
                  fail_slow_history: int = 50, busy_fraction: float = 0.9, max_job_fraction: float = 1 / 16,
                  step_s: tuple[float, float] = (1.0, 3.0), kinds: tuple[str, ...] = tuple(KINDS)) -> None:
         if gpus < 2 * GPUS_PER_NODE:
@@ -166,7 +171,7 @@ class LoadGenerator:
         self.remedy_s = remedy_s
         self.slowdown = slowdown
         self.slow_steps = slow_steps
-        self.warm_steps = warm_steps
+        self.warm_steps = WARM_STEPS if warm_steps is None else warm_steps
         self.fail_slow_history = fail_slow_history
         self._rng = random.Random(seed)
         self.nodes = [f"node-{i:05d}" for i in range(gpus // GPUS_PER_NODE)]

@@ -140,10 +140,14 @@ def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, 
         assert wait_for(lambda: any(r.state == "failed" and "replayed" in r.detail
                                     and str(restart.decision_id) in r.detail for r in results), 30, poll), results
         assert answered() == 1
-        assert [rc for _, rc in progress(ckpt).values()] == [1] * RANKS
+        # (each rank rewrites its progress file every step: a read may catch one empty, so read until both answer)
+        assert wait_for(lambda: [rc for _, rc in progress(ckpt).values()] == [1] * RANKS, 10, poll), progress(ckpt)
         assert len(resumed(ckpt)) == 2
 
-        # 3. a rank sleeps forever: hang -> restart
+        # 3. a rank sleeps forever: hang -> restart, once the hang detector has learned this run's step time
+        # (its warm-up of 5 steps after the restart, then 10 step times)
+        resumed_at = max(s for s, _ in progress(ckpt).values())
+        assert wait_for(lambda: steps_after(1, resumed_at + 16), 60, poll), (progress(ckpt), agent_log.read_text()[-3000:])
         before = max(s for s, _ in progress(ckpt).values())
         (faults / "hang.rank1").touch()
         assert wait_for(lambda: any(a.kind == "task_hang" and a.status == "open" for a in alerts), 60, poll), alerts

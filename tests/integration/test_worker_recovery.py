@@ -85,7 +85,8 @@ def test_two_workers_share_the_partitions_and_detect_everything(config, tmp_path
         assert shared(), (one.ready.read_text(), two.ready.read_text())
         start = time.time()
         sim = _cluster(start, [Fault("node_loss", "n5", at=3.0), Fault("node_loss", "n4", at=3.5),
-                               Fault("hang", "train-a", at=4.0), Fault("hang", "train-b", at=4.5)])
+                               # a hang is told once the job has run its warm-up and 10 more steps (0.3 s each)
+                               Fault("hang", "train-a", at=5.5), Fault("hang", "train-b", at=4.5)])
         pump = Pump(config, sim, until=start + 20)
         expected = {("node_lost", "n5"), ("node_lost", "n4"), ("task_hang", "train-a"), ("task_hang", "train-b")}
         opened = lambda: {(a.kind, a.subject.node or a.subject.job) for a in pump.alerts if a.status == "open"}
