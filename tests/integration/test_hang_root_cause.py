@@ -22,30 +22,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import WorkerProcess, wait_for
 from vigil.bench.hooks_workload import _free_port
-from vigil.schemas import ActionResult, Alert, Decision, decode
-from vigil.streams.kafka import reader
+from tests.integration.resilient_job import FIXTURE, LoopOutputs, progress
+from vigil.schemas import Alert
 
 pytest.importorskip("torch")
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "resilient_train.py"
 JOB, NODE = "hung", "node-h"
-
-
-def progress(ckpt: Path) -> dict[int, tuple[int, int]]:
-    out = {}
-    for r in range(2):
-        try:
-            step, restarts = (ckpt / f"progress.rank{r}").read_text().split()
-            out[r] = (int(step), int(restarts))
-        except (FileNotFoundError, ValueError):
-            pass
-    return out
 
 
 @pytest.mark.parametrize("recorder", ["on", "off"])
@@ -64,16 +51,8 @@ def test_a_real_hang_restart_takes_the_flight_recorders_and_the_incident_says_wh
     env["TORCH_FR_BUFFER_SIZE"] = "200" if recorder == "on" else "0"  # (torch 2.13 records by default)
     agent_log = tmp_path / "agent.log"
     agent = None
-    out = reader(config.kafka_conf(), [config.topic(t) for t in ("alert", "decision", "action_result")])
-    alerts: list[Alert] = []
-    decisions: list[Decision] = []
-    results: list[ActionResult] = []
-
-    def poll():
-        for msg in out.consume(200, timeout=0.1):
-            if not msg.error():
-                for ev in decode(msg.value()).events:
-                    {Alert: alerts, Decision: decisions, ActionResult: results}[type(ev)].append(ev)
+    out = LoopOutputs(config)
+    alerts, decisions, results, poll = out.alerts, out.decisions, out.results, out.poll
 
     def log() -> str:
         seen = [(a.kind, a.status, a.incident_id, [e["kind"] for e in a.evidence]) for a in alerts]
@@ -90,8 +69,8 @@ def test_a_real_hang_restart_takes_the_flight_recorders_and_the_incident_says_wh
                  "--", sys.executable, str(FIXTURE), str(ckpt), str(faults), "1000000"],
                 env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         # past the hang detector's warm-up (5 steps) and the 10 step times it learns its timeout from
-        assert wait_for(lambda: len(p := progress(ckpt)) == 2 and min(s for s, _ in p.values()) > 16, 90, poll), \
-            (progress(ckpt), log())
+        assert wait_for(lambda: len(p := progress(ckpt, 2)) == 2 and min(s for s, _ in p.values()) > 16, 90, poll), \
+            (progress(ckpt, 2), log())
 
         (faults / "hang.rank1").touch()  # rank 1 sleeps forever at the start of its next step
         assert wait_for(lambda: any(a.kind == "task_hang" and a.status == "open" for a in alerts), 60, poll), alerts
@@ -126,8 +105,8 @@ def test_a_real_hang_restart_takes_the_flight_recorders_and_the_incident_says_wh
                                     for r in results), 60, poll), (results, log())
         done = next(r for r in results if r.decision_id == restart.decision_id and r.state == "succeeded")
         assert "answered by [0, 1]" in done.detail, done.detail
-        assert wait_for(lambda: len(p := progress(ckpt)) == 2 and all(rc == 1 for _, rc in p.values()), 90, poll), \
-            (progress(ckpt), log())
+        assert wait_for(lambda: len(p := progress(ckpt, 2)) == 2 and all(rc == 1 for _, rc in p.values()), 90, poll), \
+            (progress(ckpt, 2), log())
     finally:
         out.close()
         if agent is not None and agent.poll() is None:

@@ -25,30 +25,17 @@ from pathlib import Path
 import pytest
 
 from vigil.producers.publisher import Publisher
-from vigil.schemas import ActionResult, Alert, Decision, decode
-from vigil.streams.kafka import reader
+from vigil.schemas import Decision
 from tests.integration.conftest import WorkerProcess, wait_for
+from tests.integration.resilient_job import FIXTURE, LoopOutputs, progress
 from vigil.bench.hooks_workload import _free_port
 
 pytest.importorskip("torch")
 
-FIXTURE = Path(__file__).parent.parent / "fixtures" / "resilient_train.py"
 JOB, NODE = "resilient", "node-a"
 # Two ranks are a data-parallel job as much as four (a kill breaks the peer's all-reduce, a hang stalls it), and
 # each rank's torch start-up costs seconds of CPU at each of the job's three launches on a 2-core machine.
 RANKS = 2
-
-
-def progress(ckpt: Path) -> dict[int, tuple[int, int]]:
-    """rank -> (step, restart count) as the ranks last wrote it."""
-    out = {}
-    for r in range(RANKS):
-        try:
-            step, restarts = (ckpt / f"progress.rank{r}").read_text().split()
-            out[r] = (int(step), int(restarts))
-        except (FileNotFoundError, ValueError):
-            pass
-    return out
 
 
 def resumed(ckpt: Path, rank: int = 0) -> list[tuple[int, int]]:
@@ -75,22 +62,14 @@ def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, 
                VIGIL_STATE_DIR=str(state))
     agent_log = tmp_path / "agent.log"
     agent = None
-    out = reader(config.kafka_conf(), [config.topic(t) for t in ("alert", "decision", "action_result")])
-    alerts: list[Alert] = []
-    decisions: list[Decision] = []
-    results: list[ActionResult] = []
-
-    def poll():
-        for msg in out.consume(200, timeout=0.1):
-            if not msg.error():
-                for ev in decode(msg.value()).events:
-                    {Alert: alerts, Decision: decisions, ActionResult: results}[type(ev)].append(ev)
+    out = LoopOutputs(config)
+    alerts, decisions, results, poll = out.alerts, out.decisions, out.results, out.poll
 
     def succeeded(d: Decision) -> bool:
         return any(r.decision_id == d.decision_id and r.state == "succeeded" for r in results)
 
     def steps_after(restarts: int, beyond: int) -> bool:
-        p = progress(ckpt)
+        p = progress(ckpt, RANKS)
         return len(p) == RANKS and all(rc == restarts and s > beyond for s, rc in p.values())
 
     try:
@@ -108,7 +87,7 @@ def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, 
                  "--", sys.executable, str(FIXTURE), str(ckpt), str(faults), "1000000"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         # past step 5, so rank 0 has written a checkpoint for the restart to resume from
-        assert wait_for(lambda: steps_after(0, 6), 90), (progress(ckpt), agent_log.read_text()[-3000:])
+        assert wait_for(lambda: steps_after(0, 6), 90), (progress(ckpt, RANKS), agent_log.read_text()[-3000:])
 
         # 1. kill a rank: sev2 -> restart -> resume from the last checkpoint, steps keep rising
         (faults / "kill.rank1").touch()
@@ -121,9 +100,9 @@ def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, 
         assert crash.severity == 2 and crash.subject.job == JOB
         assert crash.kind in ("process_exit", "connection_reset", "task_hang")
         assert wait_for(lambda: succeeded(restart), 60, poll), (results, agent_log.read_text()[-3000:])
-        killed_at = max(s for s, _ in progress(ckpt).values())
+        killed_at = max(s for s, _ in progress(ckpt, RANKS).values())
         assert wait_for(lambda: steps_after(1, killed_at + 5), 90, poll), \
-            (progress(ckpt), decisions, alerts, agent_log.read_text()[-3000:])
+            (progress(ckpt, RANKS), decisions, alerts, agent_log.read_text()[-3000:])
         restarts, first_step = resumed(ckpt)[-1]
         assert restarts == 1 and first_step > 0 and first_step % 5 == 0 and first_step <= killed_at
         assert wait_for(lambda: any(a.incident_id == crash.incident_id and a.status == "resolved" for a in alerts),
@@ -141,19 +120,19 @@ def test_a_training_job_heals_itself_and_stops_when_healing_cannot_work(config, 
                                     and str(restart.decision_id) in r.detail for r in results), 30, poll), results
         assert answered() == 1
         # (each rank rewrites its progress file every step: a read may catch one empty, so read until both answer)
-        assert wait_for(lambda: [rc for _, rc in progress(ckpt).values()] == [1] * RANKS, 10, poll), progress(ckpt)
+        assert wait_for(lambda: [rc for _, rc in progress(ckpt, RANKS).values()] == [1] * RANKS, 10, poll), progress(ckpt, RANKS)
         assert len(resumed(ckpt)) == 2
 
         # 3. a rank sleeps forever: hang -> restart, once the hang detector has learned this run's step time
         # (its warm-up of 5 steps after the restart, then 10 step times)
-        resumed_at = max(s for s, _ in progress(ckpt).values())
-        assert wait_for(lambda: steps_after(1, resumed_at + 16), 60, poll), (progress(ckpt), agent_log.read_text()[-3000:])
-        before = max(s for s, _ in progress(ckpt).values())
+        resumed_at = max(s for s, _ in progress(ckpt, RANKS).values())
+        assert wait_for(lambda: steps_after(1, resumed_at + 16), 60, poll), (progress(ckpt, RANKS), agent_log.read_text()[-3000:])
+        before = max(s for s, _ in progress(ckpt, RANKS).values())
         (faults / "hang.rank1").touch()
         assert wait_for(lambda: any(a.kind == "task_hang" and a.status == "open" for a in alerts), 60, poll), alerts
         hang = next(a for a in alerts if a.kind == "task_hang" and a.status == "open")
         assert hang.severity == 2 and hang.subject.job == JOB
-        assert wait_for(lambda: steps_after(2, before), 120, poll), (progress(ckpt), agent_log.read_text()[-3000:])
+        assert wait_for(lambda: steps_after(2, before), 120, poll), (progress(ckpt, RANKS), agent_log.read_text()[-3000:])
 
         # 4. every launch fails at once: the guard stops restarting, the failure climbs to sev1
         (faults / "crashloop").touch()
