@@ -150,6 +150,18 @@ def rewind_shrunk(consumer: Consumer) -> list[TopicPartition]:
     return rewound
 
 
+def take(consumer: Consumer, max_messages: int, timeout_s: float) -> list:
+    """Up to ``max_messages`` messages: wait up to ``timeout_s`` for the first, then only what has arrived.
+
+    ``consumer.consume(n, timeout)`` returns early only when ``n`` messages are in: with a trickle (one
+    alert, one decision) every message waits out the whole timeout, which is latency on every hop.
+    """
+    first = consumer.poll(timeout_s)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max_messages - 1, timeout=0)] if max_messages > 1 else [first]
+
+
 def reader(kafka_conf: dict[str, Any], topics: list[str], from_beginning: bool = True,
            timeout_s: float = 10.0) -> Consumer:
     """A consumer assigned every partition of ``topics``, with no group.

@@ -46,7 +46,7 @@ from vigil.schemas import (
 from vigil.streams.config import StreamConfig
 from vigil.streams.engine.detection import EngineParams
 from vigil.streams.plugins import load_plugins
-from vigil.streams.kafka import rewind_shrunk
+from vigil.streams.kafka import rewind_shrunk, take
 from vigil.streams.recovery import window_starts
 from vigil.streams.stages import Place, build_stages
 
@@ -397,7 +397,7 @@ class Worker:
         try:
             while not stop.is_set():
                 wait = min(interval, max(0.0, next_tick - self.clock()))
-                messages = self._consumer.consume(BATCH, timeout=wait)
+                messages = take(self._consumer, BATCH, wait)
                 began = self.clock()
                 stats = self.stats
                 if len(messages) > 1:  # failures first (a stable sort: each partition keeps its order)

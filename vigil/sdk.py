@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from vigil.schemas import NODE_SAMPLE_TYPES, NODE_SAMPLES, DetectorFinding, Envelope, Source, Subject, decode, encode, message_key, \
     topic_name, utcnow
 from vigil.streams.engine.incidents import subject_key
-from vigil.streams.kafka import dead_letter, refused_event
+from vigil.streams.kafka import dead_letter, refused_event, take
 
 log = logging.getLogger(__name__)
 _FINDING_NS = uuid.UUID("3c0c7f55-54a4-4b8b-9d55-0a8f8e1b6d21")
@@ -133,7 +133,7 @@ class StreamApp:
         dlq_topic = topic_name("dead_letter", self._prefix)
         try:
             while not self._stop.is_set() and (max_events is None or self.processed < max_events):
-                for msg in consumer.consume(500, timeout=0.2):
+                for msg in take(consumer, 500, 0.2):
                     if msg.error():
                         if msg.error().code() != KafkaError._PARTITION_EOF:
                             log.warning("consume error: %s", msg.error())

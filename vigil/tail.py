@@ -189,7 +189,7 @@ def records(consumer: Any, marks: dict[tuple[str, int], tuple[int, int]], poll_s
     arrive.
     """
     from vigil.schemas import decode
-    from vigil.streams.kafka import rewind_shrunk
+    from vigil.streams.kafka import rewind_shrunk, take
 
     def printed(msg: Any) -> bool:
         return msg.offset() >= marks.get((msg.topic(), msg.partition()), (0, 0))[0]
@@ -200,7 +200,7 @@ def records(consumer: Any, marks: dict[tuple[str, int], tuple[int, int]], poll_s
     positions: dict[tuple[str, int], int] = {}
     deadline = time.monotonic() + backlog_timeout_s
     while behind and time.monotonic() < deadline:
-        for msg in consumer.consume(500, timeout=poll_s):
+        for msg in take(consumer, 500, poll_s):
             if msg.error():
                 continue
             tp = (msg.topic(), msg.partition())

@@ -13,6 +13,7 @@ once it is gone.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -49,6 +50,13 @@ class Collector:
 
     def collect(self, now: datetime) -> list[Envelope]:
         raise NotImplementedError
+
+    def pause(self, delay_s: float, stop: threading.Event) -> bool:
+        """Wait until the next run is due (``delay_s``) or ``stop`` is set; True when stopped.
+
+        A collector that can tell when it has news may return early (the runner then runs it at once).
+        """
+        return stop.wait(delay_s)
 
     def close(self) -> None:
         pass

@@ -140,7 +140,7 @@ class Agent:
                 # node is a gap of two intervals: most of the way to being declared lost)
                 next_at = time.monotonic()
                 delay = 0.0
-            if self._stop.wait(delay):
+            if c.pause(delay, self._stop):
                 break
 
     def start(self) -> None:

@@ -77,9 +77,9 @@ class NotifyService:
         from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaError, TopicPartition
 
         from vigil.schemas import decode
-        from vigil.streams.kafka import dead_letter, refused_event
+        from vigil.streams.kafka import dead_letter, refused_event, take
 
-        messages = self._consumer.consume(self.batch_size, timeout=self.poll_timeout_s)
+        messages = take(self._consumer, self.batch_size, self.poll_timeout_s)
         offsets: dict[tuple[str, int], int] = {}
         for msg in messages:
             if msg.error():

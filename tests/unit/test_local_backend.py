@@ -246,3 +246,31 @@ def test_node_batcher_knows_the_highest_step_of_each_job(short_dir):
         assert batcher.highest_step("job-2") is None
     finally:
         batcher.stop()
+
+
+def test_pause_ends_when_a_rank_exits_not_at_the_next_poll(tmp_path):
+    """Between runs the supervisor waits on its ranks' pidfds: a SIGKILLed rank wakes it at once (the
+    pause asked for 10 minutes), its exit is reported by the next collect, and its pidfd is closed."""
+    sup = ProcessSupervisor(600.0, Source(cluster="c", job="job-1", node="n1"), [sys.executable, "-c", SLEEPER,
+                                                                                 str(tmp_path)], nproc=2)
+    sup.start()
+    stop = threading.Event()
+    try:
+        assert wait_until(lambda: all((tmp_path / f"rank{r}.0").exists() for r in range(2)))
+        woke: list[bool] = []
+        waiter = threading.Thread(target=lambda: woke.append(sup.pause(600.0, stop)), daemon=True)
+        waiter.start()
+        assert wait_until(lambda: len(sup._pidfds) == 2)  # both ranks watched before the kill
+        victim = sup.procs[0].pid
+        os.kill(victim, 9)
+        waiter.join(timeout=30)
+        assert woke == [False]  # woken by the exit, not by stop, long before the 600 s it would wait
+        exits = sup.collect(T0)
+        assert [(e.pid, e.signal) for e in exits if isinstance(e, ProcessExit)] == [(victim, 9)]
+        assert not stop.wait(0.2) and not sup.pause(0.2, stop)  # the other rank still watched, the dead one not
+        assert set(sup._pidfds) == {sup.procs[1].pid}
+    finally:
+        stop.set()
+        sup.terminate(timeout_s=1.0)
+        sup.close()
+    assert sup._pidfds == {}

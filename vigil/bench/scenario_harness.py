@@ -33,14 +33,19 @@ TRAIN = Path(__file__).with_name("scenario_train.py")
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, poll: Callable[[], Any] | None = None,
                every_s: float = 0.05) -> bool:
-    """Poll ``predicate`` (calling ``poll()`` between tries) until it holds or ``timeout_s`` passes."""
+    """Poll ``predicate`` (calling ``poll()`` between tries) until it holds or ``timeout_s`` passes.
+
+    ``poll`` is expected to wait for news itself (:meth:`Recorder.poll` waits up to 50 ms for a message), so
+    there is no sleep after it: a sleep would add its length to every latency read off the recorder.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if poll is not None:
             poll()
         if predicate():
             return True
-        time.sleep(every_s)
+        if poll is None:
+            time.sleep(every_s)
     return predicate()
 
 
@@ -206,8 +211,11 @@ class Recorder:
         self._consumer = reader({"bootstrap.servers": scene.bootstrap}, topics)
         self.events: list[tuple[float, Envelope]] = []  # (arrival on this clock, event)
 
-    def poll(self) -> None:
-        for msg in self._consumer.consume(500, timeout=0.05):
+    def poll(self, wait_s: float = 0.05) -> None:
+        """Read what has arrived, waiting up to ``wait_s`` for the first message."""
+        from vigil.streams.kafka import take
+
+        for msg in take(self._consumer, 500, wait_s):
             if msg.error() is None and msg.value() is not None:
                 now = time.time()
                 self.events += [(now, ev) for ev in decode(msg.value()).events]
