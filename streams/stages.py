@@ -30,12 +30,13 @@ import logging
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Sequence
 
 from vigil.detectors import DetectorError
 from vigil.detectors.chain import RunChain
 from vigil.schemas import (
-    JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, IterationStep, JobState,
+    JOB_ENDED, TOPICS, ActionResult, Alert, Decision, DeadLetter, DetectorFinding, Envelope, JobState,
     NodeState, Subject, decode, to_seconds, topic_accepts,
 )
 from vigil.streams.engine.decisions import DecisionEngine
@@ -46,6 +47,12 @@ from vigil.streams.kafka import dead_letter, refused_event
 log = logging.getLogger(__name__)
 
 __all__ = ["AlertFlow", "CorrelateStage", "DecideStage", "DetectStage", "Place", "build_stages"]
+
+
+#: The event type whose records are columns (one record per rank).
+_STEP = "iteration_step"
+#: An event's job or node name.
+_SUBJECT_OF = {"job": attrgetter("source.job"), "node": attrgetter("source.node")}
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,8 @@ class DetectStage:
                 self.engine.on_events([], now, replay=replay, written=place.timestamp,
                                       feed=(place.topic, place.partition))
             return out
-        out.records = sum(len(ev.ranks) if isinstance(ev, IterationStep) else 1 for ev in events)
+        # a columnar step counts one record per rank; a topic holds only its own types (decode refused the rest)
+        out.records = sum(len(ev.ranks) for ev in events) if _STEP in topic_accepts(place.topic) else len(events)  # type: ignore[attr-defined]
         self._remember(place, events)
         future: list[Envelope] = []
         try:
@@ -129,12 +137,13 @@ class DetectStage:
         per = self.key_of_topic.get(place.topic)
         if per not in ("job", "node"):
             return
-        nodes, jobs = self.subjects_of.setdefault((place.topic, place.partition), (set(), set()))
-        known = jobs if per == "job" else nodes
-        for ev in events:
-            name = getattr(ev.source, per)
-            if name:
-                known.add(name)
+        carried = self.subjects_of.get((place.topic, place.partition))
+        if carried is None:
+            carried = self.subjects_of[(place.topic, place.partition)] = (set(), set())
+        names = set(map(_SUBJECT_OF[per], events))  # a message's events mostly share one subject: a set in C
+        names.discard(None)
+        names.discard("")
+        (carried[1] if per == "job" else carried[0]).update(names)
 
     def on_lifecycle(self, event: Envelope, now: float) -> list[DetectorFinding]:
         """A job or node state (read by every worker: the subject may be on any of them)."""

@@ -93,6 +93,8 @@ class DetectionEngine(_Timers, _FindingDiff):
         self._node_liveness = {i for (per, i), cs in self._routes.items() if per == "node" and any(c.silence for c in cs)}
         #: (per, event type) -> how an event is routed (:meth:`_plan`), made on first use
         self._plans: dict[tuple[str, str], tuple[bool, int, tuple[type[Detector], ...]]] = {}
+        #: (per, event type) -> whether routing such an event only appends it to its detectors' batches
+        self._batch_only: dict[tuple[str, str], bool] = {}
         self.jobs: dict[str, _Key] = {}
         self.nodes: dict[str, _Key] = {}
         #: (per, name) -> when it ended or left: what its source stamped before is past
@@ -155,15 +157,21 @@ class DetectionEngine(_Timers, _FindingDiff):
         out: list[DetectorFinding] = []
         batches: dict[tuple[str, str, str], list[Any]] = {}
         seen = self._seen_ids
+        keep = seen.keep
         pers_of = self._pers
         limit = now + self.params.max_future_s
         self._feed = feed
         mark = self._marks.get(feed, float("-inf")) if feed is not None else None
         stamp, at = None, 0.0
         route = self._route
+        batch_only = self._batch_only
+        # (event type, per, name, its batches) of the last event routed only to batches: the next one of the
+        # same type and subject (a node's GPU samples) joins them without being routed again, as routing it
+        # would do (its key and detectors exist now, and neither its time nor its staleness changes that)
+        joins: tuple[str, str, str, list[list[Any]]] | None = None
         for event in events:
             ident = event.event_id.int
-            if ident in seen:
+            if ident in seen.new or ident in seen.old:  # _SeenIds inlined: every record passes here
                 continue
             if event.event_time != stamp:  # a node's samples share one time: converted once
                 stamp = event.event_time
@@ -171,7 +179,10 @@ class DetectionEngine(_Timers, _FindingDiff):
             if at > limit:
                 self.refused_future.append(event)
                 continue
-            seen.add(ident)
+            fresh = seen.new
+            fresh.add(ident)
+            if len(fresh) >= keep:
+                seen.old, seen.new = fresh, set()
             if mark is not None and at > mark:
                 mark = self._marks[feed] = at
             etype: str = event.event_type  # type: ignore[attr-defined]
@@ -179,6 +190,14 @@ class DetectionEngine(_Timers, _FindingDiff):
             if not pers:
                 continue
             source = event.source
+            if joins is not None and etype == joins[0] and \
+                    (source.job if joins[1] == "job" else source.node) == joins[2]:
+                for batch in joins[3]:
+                    batch[0].append(event)
+                    if at > batch[1]:
+                        batch[1] = at
+                continue
+            joins = None
             for per in pers:
                 name = source.job if per == "job" else source.node
                 if name is None:
@@ -186,6 +205,10 @@ class DetectionEngine(_Timers, _FindingDiff):
                 found = route(per, name, etype, event, at, now, batches)
                 if found:
                     out += found
+                if len(pers) == 1 and batch_only.get((per, etype)):
+                    joined = [batches.get((per, name, cls.name)) for cls in self._plans[(per, etype)][2]]
+                    if None not in joined:  # each class took it (none skipped it as stale)
+                        joins = (etype, per, name, joined)  # type: ignore[assignment]
         for (per, name, det_name), (items, t) in batches.items():
             key = self._keys(per)[name]
             det = key.detectors[det_name]
@@ -204,6 +227,8 @@ class DetectionEngine(_Timers, _FindingDiff):
             etype in _JOB_LIVENESS or etype in self._node_liveness,
             1 if per == "job" and etype in _JOB_LIVENESS else 2 if per == "node" and etype in self._node_liveness else 0,
             tuple(self._routes.get((per, etype), ())))
+        # no sign of life, no liveness, every class batched: routing it only appends it to its batches
+        self._batch_only[(per, etype)] = not plan[0] and plan[1] == 0 and bool(plan[2]) and all(c.batch for c in plan[2])
         return plan
 
     def _route(self, per: str, name: str, etype: str, event: Envelope, at: float, now: float,

@@ -132,3 +132,33 @@ def test_quiet_rounds_taken_short_find_what_the_full_path_finds(seed, monkeypatc
             full.tick(t + 5.0)
         assert snapshot(short) == snapshot(full), round_
     assert sum(taken) > 100 and not all(taken)  # both ways were taken, many times
+
+
+def test_engine_keeps_each_nodes_samples_apart_in_one_message():
+    """The engine joins a node's GPU samples into one batch without routing each again: samples of two
+    nodes interleaved in one message, with a heartbeat and a duplicate among them, still reach each
+    node's own detector, in rounds; the planted fault (node n2's GPU 5 hot and throttling from round 3)
+    is found on n2 alone, as when each node's samples come in messages of their own."""
+    from vigil.schemas import Heartbeat
+    from vigil.streams.engine.detection import DetectionEngine
+
+    def round_of(node: str, t: float, hot: bool) -> list[GpuTelemetry]:
+        return [GpuTelemetry(event_time=from_seconds(t), source=Source(node=node, gpu=g), utilization_pct=97.0,
+                             sm_clock_mhz=1410.0 if hot and g == 5 else 1980.0,
+                             temperature_c=93.0 if hot and g == 5 else 62.0, power_w=650.0,
+                             throttle_reasons=0x40 if hot and g == 5 else 0, ecc_sbe=0, ecc_dbe=0)
+                for g in range(8)]
+
+    mixed, apart = DetectionEngine(), DetectionEngine()
+    found: dict[str, list] = {"mixed": [], "apart": []}
+    for i in range(8):
+        t = 1000.0 + 10.0 * i
+        n1, n2 = round_of("n1", t, False), round_of("n2", t, i >= 3)
+        beat = Heartbeat(event_time=from_seconds(t), source=Source(node="n1"), seq=i, interval_s=10.0)
+        message = [n1[0], n1[1], n2[0], n2[1], beat, n1[2], n1[2], *n2[2:], *n1[3:]]  # n1[2] twice: redelivered
+        found["mixed"] += mixed.on_events(message, now=t + 0.1)
+        found["apart"] += apart.on_events([beat, *n1], now=t + 0.1) + apart.on_events(n2, now=t + 0.1)
+    raised = {name: sorted((f.kind, f.subject.node, f.subject.gpu) for f in fs if f.status == "raised")
+              for name, fs in found.items()}
+    assert raised["mixed"] == raised["apart"]
+    assert raised["mixed"] and {(node, gpu) for _, node, gpu in raised["mixed"]} == {("n2", 5)}
