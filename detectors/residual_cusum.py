@@ -2,7 +2,9 @@
 
 One update costs a bounded amount of work (O(1) amortised; at most
 ``max_replay`` values are looked at while a candidate is open or after a
-change), and only scalar Python arithmetic in the common case:
+change, and the segment's last ``history`` values by the test of wander while
+a candidate awaits its verdict), and only scalar Python arithmetic in the
+common case:
 
 1. **Forecast.** A robust local model predicts the next value: a local line
    fitted by discounted least squares (Brown's smoothing, memory ``memory``
@@ -37,7 +39,13 @@ What makes it robust:
 - *trends*: the local line follows linear and slowly varying trends; a kink
   is a change only when the errors it leaves grow enough;
 - *random walks and AR(1)*: ``phi`` moves the forecast to the last value in
-  a persistent series, where only a jump is a change;
+  a persistent series, where only a jump is a change; and before any change
+  is verified, the segment's one-step differences are tested for wander
+  (lag-1 autocorrelation -1/2 for noise, 0 for a walk, exact on the
+  segment's values, so it holds from ~16 values on, where the running
+  variance ratio and ``phi`` are not learnt yet): in a wandering segment a
+  level change must be a jump of the differences, and there is no scale
+  change;
 - *seasonality and periodic spikes*: every ``season_every`` values the
   autocorrelation of the recent deviations (by FFT) is searched for a
   period up to ``season_max`` that stands out (a local maximum that rises
@@ -52,42 +60,46 @@ What makes it robust:
   scale rests on ``w`` errors;
 - *any scale*: everything is in units of the robust scale of the errors.
 
-Figures: ``vigil bench detectors`` (general section, evaluation seeds 2 and
-3, 140 series per family; defaults chosen on seed 0 only), F1 with a margin of
-5 / covering, averaged over five simulated annotators:
+Figures: the general corpus of ``vigil bench detectors`` on evaluation seeds 4
+and 5 (140 series per family), defaults chosen on tuning seeds 0 and 6 only;
+F1 with a margin of 5 / covering, averaged over five simulated annotators
+(binseg and PELT, penalty ``3 log n``: F1 from ``bench/results/detectors.json``,
+which they do not depend on):
 
 ==============  =============  =============  =============  =============
 family          this           zero           binseg 3logn   pelt 3logn
 ==============  =============  =============  =============  =============
-level           0.801 / 0.773  0.604 / 0.556  0.928          0.911
-variance        0.667 / 0.711  0.589 / 0.520  0.900          0.882
-slope           0.772 / 0.761  0.777 / 0.731  0.320          0.306
-trend           0.927 / 0.939  0.800 / 0.761  0.314          0.309
-seasonal        0.886 / 0.891  0.786 / 0.747  0.752          0.572
-random_walk     0.926 / 0.960  1.000 / 1.000  0.100          0.083
-ar1             0.839 / 0.843  0.860 / 0.824  0.337          0.168
-heavy_tail      0.832 / 0.912  0.773 / 0.734  0.340          0.239
-short           0.892 / 0.860  0.875 / 0.840  0.894          0.823
-iteration       0.531 / 0.806  0.532 / 0.628  0.293          0.266
-all (1,400)     0.807 / 0.846  0.759 / 0.734  0.518 / 0.573  0.456 / 0.501
+level           0.798 / 0.798  0.651 / 0.615  0.915          0.895
+variance        0.724 / 0.729  0.581 / 0.502  0.854          0.863
+slope           0.765 / 0.758  0.775 / 0.725  0.299          0.281
+trend           0.967 / 0.967  0.841 / 0.808  0.305          0.295
+seasonal        0.918 / 0.904  0.775 / 0.724  0.724          0.547
+random_walk     0.995 / 0.999  1.000 / 1.000  0.104          0.089
+ar1             0.866 / 0.840  0.844 / 0.809  0.302          0.175
+heavy_tail      0.889 / 0.927  0.796 / 0.766  0.342          0.224
+short           0.874 / 0.837  0.872 / 0.832  0.912          0.825
+iteration       0.573 / 0.716  0.514 / 0.591  0.320          0.303
+all (1,400)     0.837 / 0.848  0.765 / 0.737  0.508 / 0.565  0.450 / 0.495
 ==============  =============  =============  =============  =============
 
 What it still gets wrong (same run):
 
-- it is conservative: 0.68 change points per series where an annotator marks
-  0.93 on average; on clean level shifts and variance changes an offline segmentation
-  (binseg, PELT) is far better (F1 0.93 / 0.90 against 0.80 / 0.67);
+- it is conservative: on clean level shifts and variance changes an offline
+  segmentation (binseg, PELT) is far better (F1 0.92 / 0.85 against 0.80 / 0.72);
 - *kinks*: a change of slope leaves errors that grow slowly, so most kinks
-  are missed and some are placed late (slope F1 0.772, below "zero"'s 0.777);
-- *AR(1) with phi 0.7..0.97*: a mean shift there is a small persistent error
-  after one jump; some are missed and some wander is taken for a shift
-  (F1 0.839 against "zero"'s 0.860);
-- *random walks*: 0.24 false change points per series (100..600 values),
-  half of them in the first 60 values, before ``phi`` is learnt (F1 0.926;
-  "zero" is perfect there by construction);
+  are missed and some are placed late (slope F1 0.765, below "zero"'s 0.775;
+  on the tuning seeds 0.786 against 0.782). A periodic test of one bending
+  line against one line (every 16 values, 96 values, winsorised) was tried
+  on the tuning seeds: slope F1 +0.030 over "zero", but iteration -0.096 and
+  seasonal -0.036 below it, and 5x slower; left out;
+- *random walks*: "zero" is perfect there (no change point in any walk), so
+  "above" is impossible and a tie is the target: one walk in 140 still gets a
+  false change point (10 in 800 on the tuning seeds, 1.3 %; 54, 6.8 %, before
+  the test of the differences), within its first ~60 values, where a walk of a
+  few dozen values and noise with a shift cannot be told apart;
+- *short series*: only just above "zero" (0.874 against 0.872);
 - *warm-ups*: the decay of an iteration series' warm-up is often reported
-  early as a level change, where annotators mark its end (iteration F1
-  0.531, even with "zero"'s 0.532; covering 0.806 against 0.628);
+  early as a level change, where annotators mark its end;
 - *periodic blocks longer than* ``season_max`` *values apart* (evaluation
   every few hundred steps) are not learnt as a season: a block of several
   slow steps looks like a short shift to the candidate test.
@@ -102,7 +114,7 @@ import numpy as np
 
 from vigil.detectors.base import DetectorError, _check_time, register
 from vigil.detectors.bocd import ChangePointDetector, _check_float, _check_int, _check_value
-from vigil.detectors.segfit import hinge_split, seasonal_offsets, step_split
+from vigil.detectors.segfit import hinge_split, median, seasonal_offsets, step_split
 
 __all__ = ["ResidualCUSUM"]
 
@@ -196,6 +208,13 @@ class ResidualCUSUM(ChangePointDetector):
         the scale, the AR choice and the variance ratio stop learning (1: only while a candidate is
         open): the errors a kink or a slow shift leave would otherwise pass for a larger scale or
         a persistent series.
+    walk_rho, walk_pairs : float, int
+        Before a change is verified, the segment's values *wander* when the lag-1 autocorrelation of
+        their one-step differences (clipped at 3 robust sds, the one across the onset left out) is at
+        least ``walk_rho`` (noise around a level or a line: -1/2; a random walk: 0), on at least
+        ``walk_pairs`` values; then a level change must jump by ``walk_jump`` robust sds of those
+        differences, and there is no scale change (-1: no such test). Set by hand on tuning seeds 0 and 6
+        after the search, not searched (see :mod:`vigil.bench.tune_changepoints`).
     season_max, season_every, season_acf, season_gain : float
         Longest period looked for (0: none), how often (values), the autocorrelation a period needs
         and the gain of the seasonal offsets.
@@ -251,7 +270,8 @@ class ResidualCUSUM(ChangePointDetector):
                  slope_ridge: float = 731.0, ar_memory: int = 100, ar_prior: float = 2.0, ar_penalty: float = 0.199,
                  min_points: int = 4, inflation: float = 6.89, early: int = 35, vr_lag: int = 8,
                  vr_min: float = 0.753, walk_jump: float = 4.17, season_max: int = 64, season_every: int = 32,
-                 season_acf: float = 0.411, season_gain: float = 0.1, max_replay: int = 128, warm: float = 0.62) -> None:
+                 season_acf: float = 0.411, season_gain: float = 0.1, max_replay: int = 128, warm: float = 0.62,
+                 walk_pairs: int = 16, walk_rho: float = -0.25) -> None:
         self.h = _check_float(h, "h", 0.0)
         self.k = _check_float(k, "k", 0.0, low_open=False)
         self.clip = _check_float(clip, "clip", 0.0)
@@ -284,6 +304,8 @@ class ResidualCUSUM(ChangePointDetector):
         self.season_gain = _check_float(season_gain, "season_gain", 0.0, 1.0, high_open=False)
         self.max_replay = _check_int(max_replay, "max_replay", 1)
         self.warm = _check_float(warm, "warm", 0.0, 1.0, high_open=False)
+        self.walk_pairs = _check_int(walk_pairs, "walk_pairs", 2)
+        self.walk_rho = _check_float(walk_rho, "walk_rho", -1.0, 1.0, low_open=False)
         if self.max_replay > self.history // 2:
             raise DetectorError(f"max_replay must be <= {self.history // 2}, got {max_replay!r}")
         if max(self.refine, self.refine_kink) + self.max_replay > self.history:
@@ -575,6 +597,38 @@ class ResidualCUSUM(ChangePointDetector):
         """Does the series wander like a random walk (a variance ratio of at least ``vr_min``)?"""
         return self.vr_min > 0 and self._lvq - self._lv1 >= math.log(self.vr_min * math.sqrt(self.vr_lag))
 
+    def _walk_scale(self, onset: int, i: int) -> float:
+        """The robust sd of the one-step differences when the segment's values wander (0 when they do not).
+
+        They wander when their one-step differences, on either side of ``onset``, have a lag-1
+        autocorrelation of at least ``walk_rho``: noise around a level (or a line) has -1/2, a random
+        walk 0. On a few dozen values this is a sharper test than the running variance ratio of
+        :meth:`_walks` (which also lags, and whose running scale of the differences was found 3x too
+        small on a random walk's first 70 values). The difference across the onset is left out (a shift
+        would count as wandering).
+        """
+        if not self.walk_rho > -1.0:
+            return 0.0
+        H = self.history
+        i0 = max(self._seg, i + 1 - H)
+        if i - i0 < self.walk_pairs:
+            return 0.0
+        xd = self._xd
+        d = np.diff(np.asarray([xd[j % H] for j in range(i0, i + 1)]))
+        d -= median(d)
+        c = 3.0 * _MAD * median(np.abs(d))
+        np.clip(d, -c, c, out=d)  # one jump elsewhere (a shift the onset missed) would make any series wander
+        k = onset - 1 - i0  # d[k] = x[onset] - x[onset - 1]
+        d2 = d * d
+        num = float(d[1:] @ d[:-1])
+        den = float(d2.sum())
+        if 0 <= k < d.size:  # leave out the difference across the onset and its two products
+            num -= (d[k] * d[k - 1] if k >= 1 else 0.0) + (d[k] * d[k + 1] if k + 1 < d.size else 0.0)
+            den -= d2[k]
+        if not (den > 0 and num >= self.walk_rho * den):
+            return 0.0
+        return c / 3.0
+
     def _verified(self, cand: str, onset: int, i: int) -> bool:
         """Is the change sustained: the errors since the onset at a new level (or scale)?"""
         H = self.history
@@ -591,16 +645,19 @@ class ResidualCUSUM(ChangePointDetector):
                 jump = max(abs(self._z[j % H]) for j in range(max(onset - 1, self._seg), min(onset + 2, i + 1)))
                 if jump < self.jump_min:
                     return False
-            if self._walks():  # wandering whatever the model: a jump of the one-step differences themselves
+            wsd = self._walk_scale(onset, i)
+            if wsd > 0 or self._walks():  # wandering whatever the model: a jump of the one-step differences
                 xd = self._xd
                 _, slope = self._forecast()
                 jump = max(abs(xd[j % H] - xd[(j - 1) % H] - slope)
                            for j in range(max(onset - 1, self._seg + 1), min(onset + 2, i + 1)))
-                return jump >= self.walk_jump * _MAD * math.exp(self._lv1)
+                return jump >= self.walk_jump * (wsd if wsd > 0 else _MAD * math.exp(self._lv1))
             return True
         az = sorted(abs(v) for v in zs)
         med = 0.5 * (az[(L - 1) // 2] + az[L // 2]) * _MAD
         last = sorted(abs(self._z[j % H]) for j in range(i - 4, i + 1))[2] * _MAD
+        if self._walk_scale(onset, i) > 0:  # a wandering series' errors grow and shrink with the model's lag
+            return False
         if cand == "scale_up":
             return med >= self.scale_min and last >= self.scale_min
         return med <= 1.0 / self.scale_min and last <= 1.0 / self.scale_min

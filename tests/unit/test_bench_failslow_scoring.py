@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from vigil.bench.detectors import NeverAlarm, ONSET_TOLERANCE, evaluate, run_detector, score_trace
+from vigil.bench.detectors import NeverAlarm, ONSET_TOLERANCE, evaluate, held_step, run_detector, score_trace
 from vigil.detectors.base import Finding
 from vigil.sim.traces import InjectedFailSlow, IterationTrace
 
@@ -154,3 +154,37 @@ def test_a_perfect_score_on_two_traces_meets_the_targets_only_at_the_point():
     over = targets_over_interval(m)
     assert over == {"accuracy_ge_0.995": False, "fpr_eq_0": False, "fnr_ge10_le_0.01": False,
                     "delay_median_ge20_le_5": True}  # one delay of 2: its bootstrap interval is [2, 2]
+
+
+def _episode(onset, recovery, step, recovery_step):
+    return InjectedFailSlow(onset=onset, recovery=recovery, cause="computation", location="gpu:0", severity=step,
+                            slowdown=step, step=step, recovery_step=recovery_step, duration_s=1.0,
+                            onset_time=float(onset), recovery_time=float(recovery))
+
+
+def _overlap(second_onset):
+    """+30 % from 400 to 500 (back by 1 - 1/1.3); a second episode +16 % at ``second_onset`` until 800, on its own +20 %."""
+    x = np.ones(1000)
+    x[400:500] = 1.3
+    x[second_onset:800] = 1.2
+    x[second_onset:500] = 1.3 * 1.16
+    eps = (_episode(400, 500, 0.3, 1 - 1.2 / (1.3 * 1.16)), _episode(second_onset, 800, 0.16, 1 - 1 / 1.2))
+    return IterationTrace(trace_id=0, seed=0, iteration_times=x, timestamps=np.cumsum(x), expected=x,
+                          base_iteration_time=1.0, compute_fraction=0.7, n_gpus=8, jitter=0.01, fail_slows=eps,
+                          gc_iterations=np.empty(0, int), checkpoint_iterations=np.empty(0, int),
+                          spike_iterations=np.empty(0, int))
+
+
+def test_episode_whose_step_another_recovery_undoes_is_not_required():
+    # starts 2 iterations before the first one recovers: the series is 1.3 before it and 1.2 from 500 on
+    tr = _overlap(498)
+    assert held_step(tr, tr.fail_slows[1]) == pytest.approx(1.2 / 1.3 - 1)
+    s = score_trace(tr, [(403, 400, "fail_slow"), (503, 500, "recovery"), (803, 800, "recovery")])
+    assert s["required"] == [0] and s["correct"]
+
+
+def test_episode_that_holds_its_step_is_required():
+    tr = _overlap(450)  # 50 iterations at 1.3 * 1.16 first
+    assert held_step(tr, tr.fail_slows[1]) == pytest.approx(0.16)
+    s = score_trace(tr, [(403, 400, "fail_slow"), (503, 500, "recovery"), (803, 800, "recovery")])
+    assert s["required"] == [0, 1] and not s["correct"]

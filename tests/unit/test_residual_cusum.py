@@ -46,6 +46,33 @@ def test_random_walks_raise_fewer_than_one_false_change_per_thousand_values():
     assert false < 20
 
 
+def test_at_most_one_short_drifting_random_walk_in_twenty_raises_a_change_point():
+    # a random walk of 100..600 values with a drift has no change point; its first few dozen values
+    # are where a model that has not learnt the wander yet takes it for a shift (issue 19: 5 of these
+    # 60 walks did before the lag-1 test of the differences, 2 still do; see the module docstring)
+    walks_with_false = 0
+    for s in range(100, 160):
+        rng = np.random.default_rng(s)
+        n = int(rng.integers(100, 601))
+        x = np.cumsum(rng.standard_normal(n) + rng.uniform(-0.2, 0.2))
+        walks_with_false += bool(_feed(ResidualCUSUM(), x))
+    assert walks_with_false <= 3
+
+
+def test_a_shift_in_noise_is_no_wander_even_after_a_missed_jump():
+    # the segment holds a jump the onset does not sit on (a shift placed a few values early): the
+    # differences, clipped, still say "noise", so the later shift needs no random-walk jump
+    rng = np.random.default_rng(5)
+    x = np.r_[rng.normal(0, 1, 200), rng.normal(6, 1, 200)]
+    det = ResidualCUSUM()
+    _feed(det, x)
+    assert det._walk_scale(190, 399) == 0.0
+    assert det._walk_scale(100, 150) == 0.0
+    walk = ResidualCUSUM()
+    _feed(walk, np.cumsum(rng.standard_normal(400)))
+    assert walk._walk_scale(300, 399) > 0.0
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_silent_on_a_linear_trend_and_a_season(seed):
     rng = np.random.default_rng(seed)

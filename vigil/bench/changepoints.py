@@ -166,7 +166,7 @@ def score_predictions(series: Sequence[LabelledSeries], preds: Sequence[Sequence
 def deployed_settings() -> dict[str, Any]:
     """The residual CUSUM's parameters as the fail-slow detector sets them (the rest are the defaults)."""
     v = ResidualCUSUMVerify()
-    return {"h": v.h, "k": v.k, "confirm": v.confirm}
+    return {"h": v.h, "k": v.k, "confirm": v.confirm, **v.inner_fixed}
 
 
 def zero_targets(ours: dict[str, dict[str, float]], zero: dict[str, dict[str, float]]) -> tuple[dict[str, bool], list[str]]:
