@@ -28,7 +28,7 @@ import vigil.bench.history as history
 import vigil.bench.hooks as hooks
 import vigil.bench.localization as localization
 import vigil.bench.pipeline as pipeline
-import vigil.bench.pipeline.__main__ as pipeline_cli
+import vigil.bench.pipeline.cli as pipeline_cli
 import vigil.bench.planners as planners
 import vigil.bench.policies as policies
 import vigil.bench.scenarios as scenarios

@@ -22,7 +22,7 @@ A map of the package:
 ``python -m vigil.bench.pipeline worker|inprocess|replay|merge`` runs the helpers.
 """
 
-from vigil.bench.pipeline.__main__ import main
+from vigil.bench.pipeline.cli import main
 from vigil.bench.pipeline.capacity import CLI_OPTIONS, merge, run
 from vigil.bench.pipeline.inprocess import INPROCESS_OPTIONS, inprocess
 from vigil.bench.pipeline.live import live
