@@ -34,6 +34,20 @@ log = logging.getLogger(__name__)
 __all__ = ["NodeBatcher", "default_hooks_socket"]
 
 
+def _listening(path: Path) -> bool:
+    """A socket at ``path`` that someone receives on (connecting to a stale one is refused)."""
+    if not path.is_socket():
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 def default_hooks_socket() -> Path:
     return Path(os.environ.get("VIGIL_HOOKS_SOCKET") or "/tmp/vigil-hooks.sock")
 
@@ -71,8 +85,12 @@ class NodeBatcher:
         if len(os.fsencode(self.path)) >= 108:  # the kernel's sun_path limit; say which path, not "path too long"
             raise ValueError(f"hooks socket path {self.path} is too long for a Unix socket (max 107 bytes): "
                              "give a shorter --hooks-socket / VIGIL_HOOKS_SOCKET")
+        if _listening(self.path):  # unlinking it would take the hooks of every job from whoever listens there
+            raise ValueError(f"another process already receives the training hooks on {self.path} (a vigil agent "
+                             "running as the node daemon?): one agent per node; give this one its own "
+                             "--hooks-socket / VIGIL_HOOKS_SOCKET to run it beside the other")
         try:
-            self.path.unlink()
+            self.path.unlink()  # a stale socket: nobody receives on it
         except FileNotFoundError:
             pass
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

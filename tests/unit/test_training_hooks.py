@@ -146,6 +146,36 @@ def test_datagram_sink_to_node_batcher_batches_by_type_and_key(tmp_path):
     assert len(published) < 24 and ("iteration", 4) in kinds
 
 
+def test_a_second_batcher_refuses_a_socket_someone_receives_on_and_takes_a_stale_one(tmp_path):
+    """A per-job agent started on a node whose daemon listens on the hooks socket used to unlink it and bind its
+    own: the daemon's hooks went to the job's agent, and nowhere once it exited."""
+    import socket as socket_
+
+    class Pub:
+        def publish(self, events):
+            pass
+
+        def poll(self, timeout_s=0.0):
+            pass
+
+    path = tmp_path / "h.sock"
+    first = NodeBatcher(path, Pub())
+    try:
+        with pytest.raises(ValueError, match="already receives the training hooks on .*h.sock"):
+            NodeBatcher(path, Pub())
+        probe = socket_.socket(socket_.AF_UNIX, socket_.SOCK_DGRAM)
+        probe.sendto(b"still the first's", str(path))  # the first still receives on its socket
+        probe.close()
+        assert first._sock.recv(100) == b"still the first's"
+    finally:
+        first.stop()
+    stale = socket_.socket(socket_.AF_UNIX, socket_.SOCK_DGRAM)  # bound, then its process died without unlinking
+    stale.bind(str(path))
+    stale.close()
+    assert path.is_socket()
+    NodeBatcher(path, Pub()).stop()
+
+
 def test_datagram_sink_without_batcher_keeps_records_and_reports_drops(tmp_path):
     path = str(tmp_path / "later.sock")
     sink = UnixDatagramSink(path, max_pending=3)
