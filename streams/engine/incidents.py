@@ -21,8 +21,12 @@ incidents become one ``nodes_silent`` incident (sev2, no node named as the
 culprit); the nodes that come back clear it, and nodes still silent
 ``silence_split_s`` after the others returned are handed back one by one.
 
-Only a cause that still holds explains a new finding: a lost node that came
-back, or a job that ended, takes no later fault into its incident. A cause
+Only a cause that held when a finding began explains it: a lost node that came
+back, or a job that ended, takes no later fault into its incident; but what
+began while it held and is found after it cleared (the hang of a job on a lost
+node, whose timeout runs out after the node came back) is still its own, told
+in a further ``resolved`` version when its incident has closed since (within
+``late_cause_s``; never a page of its own). A cause
 explains only what was found after it began (within ``skew_s`` of clock skew
 between sources): a node lost a minute after an XID on it does not re-root
 the XID's incident, it is a new one. And a cause on a node explains a job's
@@ -69,7 +73,7 @@ class Incident:
     incident_id: uuid.UUID
     root: DetectorFinding
     members: dict[str, DetectorFinding] = field(default_factory=dict)  # finding key -> raised finding
-    cleared: set[str] = field(default_factory=set)
+    cleared: dict[str, float] = field(default_factory=dict)  # finding key -> when its condition ended
     evidence: list[dict[str, Any]] = field(default_factory=list)
     evidence_count: int = 0
     severity: int = 3
@@ -147,6 +151,9 @@ class Correlator:
         self.late_cause_s = late_cause_s
         #: job -> (incident, when, why) of its last hang incident closed: see LATE_CAUSES
         self._closed_hangs: dict[str, tuple[Incident, float, str]] = {}
+        #: incident -> (incident, when, why) closed in the last ``late_cause_s`` because its findings cleared:
+        #: what began while its cause held is still its own (see :meth:`_after_close`)
+        self._cleared_incidents: dict[uuid.UUID, tuple[Incident, float, str]] = {}
         #: job -> when its current run began (it started, or its last run ended); jobs running now
         self._run_began: dict[str, float] = {}
         self._running: set[str] = set()
@@ -182,12 +189,17 @@ class Correlator:
         """Into an incident whose cause explains it, as the new root of those it explains, or its own."""
         # 1. an open incident's cause explains it: more evidence (not a job's symptoms from
         # before its recovery: a node-rooted incident outlives the jobs moved off the node; not a
-        # cause that has cleared: a node that came back explains nothing that happens later)
+        # cause that had cleared when it began: a node that came back explains nothing that happens later)
         for inc in self._by_age():
-            if any(self._explains(m, f) for k, m in inc.members.items() if self._current(m) and k not in inc.cleared):
+            if any(self._explains(m, f) for k, m in inc.members.items()
+                   if self._current(m) and self._held_at(inc, k, f)):
                 return self._attach(inc, f, now)
         if f.kind in ANNOTATIONS:
             return []  # nothing to annotate: not an incident of its own
+        # 1b. the cause of an incident closed a moment ago explains it, and held when it began
+        late = self._after_close(f, key, now)
+        if late is not None:
+            return late
         # 2. it explains open incidents: it becomes their root (re-rooting the oldest)
         absorbed = [inc for inc in self._by_age() if self._explains(f, inc.root)]
         if absorbed:
@@ -215,6 +227,29 @@ class Correlator:
         self._add_evidence(inc, f, now)
         self.incidents[inc.incident_id] = inc
         return [self._alert(inc, "open", now)]
+
+    @staticmethod
+    def _held_at(inc: Incident, key: str, f: DetectorFinding) -> bool:
+        """Did ``inc``'s member ``key`` still hold when ``f`` began? (A symptom found after its cause cleared
+        may have begun before: a job whose node was lost hangs, and its hang timeout runs out after the
+        node came back.)"""
+        ended = inc.cleared.get(key)
+        return ended is None or to_seconds(f.onset_time) <= ended
+
+    def _after_close(self, f: DetectorFinding, key: str, now: float) -> list[Alert] | None:
+        """``f`` began while the cause of an incident that closed since (its findings cleared) still held:
+        it is that incident's, told in a further ``resolved`` version (no second page for one cause);
+        None when no such incident explains it."""
+        for inc, closed_at, why in self._cleared_incidents.values():
+            if now - closed_at > self.late_cause_s:
+                continue
+            if any(self._explains(m, f) for k, m in inc.members.items() if k in inc.cleared and self._current(m)
+                   and self._held_at(inc, k, f)):
+                inc.members[key] = f
+                self._add_evidence(inc, f, now)
+                inc.summary = f"{_summary(inc.root)} (explains {len(inc.members) - 1} finding(s)) — resolved: {why}"
+                return [self._alert(inc, "resolved", now)]
+        return None
 
     def _late_cause(self, f: DetectorFinding, now: float) -> list[Alert] | None:
         """The recorders' verdict on a hang whose incident has closed since they were asked: that incident's
@@ -263,9 +298,9 @@ class Correlator:
             return []  # back before it was told: nothing to say
         for inc in list(self.incidents.values()):
             if key in inc.members:
-                inc.cleared.add(key)
+                inc.cleared[key] = min(now, to_seconds(f.event_time))  # when its detector saw it end
                 if self._all_clear(inc, now):
-                    return [self._close(inc, now, f"{f.kind} cleared")]
+                    return [self._close(inc, now, f"{f.kind} cleared", cleared=True)]
                 return []
         return []
 
@@ -282,10 +317,12 @@ class Correlator:
     def tick(self, now: float) -> list[Alert]:
         """Resolve incidents whose findings have all cleared or expired; split long silences; open the
         lost nodes held back that no third one joined."""
-        out = [self._close(inc, now, "no new evidence") for inc in list(self.incidents.values())
+        out = [self._close(inc, now, "no new evidence", cleared=True) for inc in list(self.incidents.values())
                if self._all_clear(inc, now)]
         for job in [j for j, (_, at, _) in self._closed_hangs.items() if now - at > self.late_cause_s]:
             del self._closed_hangs[job]
+        for iid in [i for i, (_, at, _) in self._cleared_incidents.items() if now - at > self.late_cause_s]:
+            del self._cleared_incidents[iid]
         for key, (f, due) in list(self._held.items()):
             if now >= due:
                 del self._held[key]
@@ -399,9 +436,11 @@ class Correlator:
                 entry["job_nodes"] = list(f.job_nodes)  # where the job runs: what a node failure affects
             inc.evidence.append(entry)
 
-    def _close(self, inc: Incident, now: float, why: str, merged: bool = False) -> Alert:
+    def _close(self, inc: Incident, now: float, why: str, merged: bool = False, cleared: bool = False) -> Alert:
         self.incidents.pop(inc.incident_id, None)
         inc.summary = f"{inc.summary} — resolved: {why}"
+        if cleared:
+            self._cleared_incidents[inc.incident_id] = (inc, now, why)
         job = inc.root.subject.job
         if job and not merged and any(m.kind == "task_hang" for m in inc.members.values()):
             self._closed_hangs[job] = (inc, now, why)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vigil.schemas import DetectorFinding, Slowdown, Subject
+from vigil.schemas import DetectorFinding, Slowdown, Subject, from_seconds
 from vigil.streams.engine.detection import DetectionEngine
 from vigil.streams.engine.incidents import MAX_EVIDENCE, Correlator, explains
 
@@ -171,3 +171,50 @@ def test_a_later_run_of_a_job_is_not_absorbed_by_an_older_cause_on_its_node():
     c.job_started("old", 5.0)
     [same] = c.on_finding(finding("process_exit", 2, Subject(job="old", node="n1", rank=1), onset=80.0), 81.0)
     assert (same.status, same.kind, same.incident_id) == ("update", "xid", xid.incident_id)
+
+
+def _heard_at(f, t):
+    """``f`` as its detector made it at ``t`` (a cleared finding's time is when the condition ended)."""
+    return f.model_copy(update={"event_time": from_seconds(t)})
+
+
+def test_a_hang_that_began_while_its_node_was_lost_is_that_loss_s_even_when_found_after_the_node_came_back():
+    """The replayed 2,000-GPU run (seed 1, 100 faults per kind): a 1-node job's node is lost just after its
+    last step (98.2) and back 6 s later; its hang timeout (6.5 s) ran out 0.2 s after the node was heard
+    again and before its scheduler marked it failed. The job never stepped again after the loss (the ground
+    truth: the loss stopped it), so the hang is the loss's and pages no one a second time. A hang that
+    began after the node came back (the job stepped since) is a new failure with its own page."""
+    c = Correlator()
+    c.job_started("j", 0.0)
+    [lost] = c.on_finding(finding("node_lost", 1, Subject(node="n2"), onset=98.4), 101.5)
+    [back] = c.on_finding(_heard_at(finding("node_lost", 1, Subject(node="n2"), onset=98.4, status="cleared"), 104.6),
+                          104.6)
+    assert back.status == "resolved" and back.incident_id == lost.incident_id
+    hang = finding("task_hang", 2, Subject(job="j"), onset=98.2, job_nodes=["n2"])
+    late = c.on_finding(hang, 104.8)
+    assert [(a.status, a.kind, a.incident_id) for a in late] == [("resolved", "node_lost", lost.incident_id)]
+    assert [e["kind"] for e in late[0].evidence] == ["node_lost", "task_hang"]
+    assert c.open_incidents() == []
+    # the hang clearing (the job marked failed) says nothing more
+    assert c.on_finding(finding("task_hang", 2, Subject(job="j"), onset=98.2, status="cleared",
+                                job_nodes=["n2"]), 104.9) == []
+    # the job stepped after its node came back (onset 110): a hang from then on is a failure of its own
+    [new] = c.on_finding(finding("task_hang", 2, Subject(job="j"), onset=110.0, job_nodes=["n2"]), 117.0)
+    assert (new.status, new.kind) == ("open", "task_hang") and new.incident_id != lost.incident_id
+
+
+def test_a_symptom_that_began_while_a_cleared_cause_held_joins_its_incident_still_open():
+    """The lost node's incident is still open (a peer's NCCL timeout it explained is held as transient) when
+    the node comes back; the hang of a job on it that began before the node came back is more evidence."""
+    c = Correlator()
+    c.job_started("j", 0.0)
+    [lost] = c.on_finding(finding("node_lost", 1, Subject(node="n2"), onset=98.4), 101.5)
+    c.on_finding(finding("nccl_timeout", 3, Subject(job="k", rank=4, node="n3"), onset=99.0,
+                         job_nodes=["n2", "n3"]), 102.0)
+    assert c.on_finding(_heard_at(finding("node_lost", 1, Subject(node="n2"), onset=98.4, status="cleared"), 104.6),
+                        104.6) == []
+    out = c.on_finding(finding("task_hang", 2, Subject(job="j"), onset=98.2, job_nodes=["n2"]), 104.8)
+    assert all(a.incident_id == lost.incident_id for a in out)
+    [inc] = c.open_incidents()
+    assert inc.incident_id == lost.incident_id and {m.kind for m in inc.members.values()} == {
+        "node_lost", "nccl_timeout", "task_hang"}
