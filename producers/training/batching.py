@@ -5,8 +5,10 @@ the node agent runs one), turns the ranks' compact records into events
 (:func:`~vigil.producers.training.wire.records_to_events`), groups them by event
 type and key (all ranks' iteration timings of a job are one group) and
 publishes each group as one Kafka message every ``max_delay_s`` or when
-``max_events`` are waiting. Kafka sees a handful of messages per interval
-per node instead of one per rank per step.
+``max_events`` are waiting, and at once (but at most every ``min_gap_s``)
+when every local rank of a job has reported a step: that step is what the
+hang and fail-slow detectors wait for. Kafka sees a handful of messages per
+interval per node instead of one per rank per step.
 
 It also remembers per job the highest training step it has seen
 (:meth:`NodeBatcher.highest_step`), which the local actuator's no-progress
@@ -61,11 +63,17 @@ class NodeBatcher:
     """
 
     def __init__(self, path: str | os.PathLike, publisher: Any, max_delay_s: float = 0.2,
-                 max_events: int = 2000) -> None:
+                 max_events: int = 2000, min_gap_s: float = 0.05) -> None:
         self.path = Path(path)
         self.publisher = publisher
         self.max_delay_s = max_delay_s
         self.max_events = max_events
+        #: a step every local rank of its job has reported goes out at once, but messages at most every min_gap_s
+        self.min_gap_s = min_gap_s
+        self._ranks: dict[str, set[int]] = {}  # job -> its ranks heard on this node
+        self._step_ranks: dict[tuple[str, int], set[int]] = {}  # (job, step) -> ranks that reported it
+        self._complete = False  # a step of every local rank waits
+        self._last_flush = float("-inf")
         self.received = 0
         self.bad = 0
         self.published_events = 0
@@ -130,8 +138,9 @@ class NodeBatcher:
             if self._stop.is_set():
                 return
             raise
-        if self._waiting and (self._waiting >= self.max_events or (self._oldest is not None and now - self._oldest >= self.max_delay_s)):
-            self.flush()
+        if self._waiting and (self._waiting >= self.max_events or (self._oldest is not None and now - self._oldest >= self.max_delay_s)
+                              or (self._complete and now - self._last_flush >= self.min_gap_s)):
+            self.flush(now)
         else:
             self.publisher.poll(0)
 
@@ -162,11 +171,19 @@ class NodeBatcher:
                 steps[job] = step
             if job is not None:
                 self._learn(job, ev)
+                if etype == "iteration" and ev.source.rank is not None:
+                    # the step every local rank has reported is what the hang and fail-slow detectors wait for:
+                    # holding it for the batching delay would be latency in each of their alerts
+                    ranks = self._ranks.setdefault(job, set())
+                    ranks.add(ev.source.rank)
+                    done = self._step_ranks.setdefault((job, ev.step), set())  # type: ignore[attr-defined]
+                    done.add(ev.source.rank)
+                    self._complete = self._complete or done >= ranks
         self._waiting += len(events)
         if self._oldest is None and events:
             self._oldest = now
         if urgent:  # the process may be exiting: no batching delay
-            self.flush()
+            self.flush(now)
 
     def _learn(self, job: str, ev: Envelope) -> None:
         etype = ev.event_type  # type: ignore[attr-defined]
@@ -190,10 +207,16 @@ class NodeBatcher:
         steps, ckpts = self._durations.get(job), self._checkpoints.get(job)
         return (max(steps) if steps else None, max(ckpts) if ckpts else None, self._last_checkpoint.get(job))
 
-    def flush(self) -> None:
+    def flush(self, now: float | None = None) -> None:
         groups, self._groups = self._groups, {}
         self._waiting = 0
         self._oldest = None
+        # steps sent whole are done with; a step part of whose ranks went out is still counted to its end
+        ranks = self._ranks
+        self._step_ranks = {k: got for k, got in self._step_ranks.items() if not got >= ranks[k[0]]} \
+            if len(self._step_ranks) < 10_000 else {}
+        self._complete = False
+        self._last_flush = time.monotonic() if now is None else now
         for group in groups.values():
             self.publisher.publish(group)
             self.published_events += len(group)

@@ -74,7 +74,7 @@ Cost: the hot path appends one list per collective, wait and mark, reads the
 clock (or records two events) per call, and does the split once per step;
 records leave the process as one datagram per step, at most one per
 ``flush_interval_s`` (0.2 s: a hang is judged on what arrived, so what waits
-here delays its alert). Validation and encoding happen in the
+here delays its alert), and no record waits longer than that. Validation and encoding happen in the
 node batcher.
 
 Time: wall-clock seconds from ``clock`` (default ``time.time``) for start/end,
@@ -338,8 +338,10 @@ class TrainingMonitor(CollectiveHooks, CommandHooks, FailureHooks, SaveHooks):
         self._step_open_at = None
         self._close_step(step, start, end, e0, e1)
         self._apply_commands(ctx)
-        if len(self._buf) >= 1 and (end - self._last_flush >= self.flush_interval_s or len(self._buf) >= self.max_buffer
-                                    or ctx.commands):
+        # sent now when the next step's end (as far as this one's length says) would be past the interval: no
+        # record waits longer than flush_interval_s (steps about as long as it used to wait two of them)
+        if len(self._buf) >= 1 and (2 * end - start - self._last_flush >= self.flush_interval_s
+                                    or len(self._buf) >= self.max_buffer or ctx.commands):
             self.flush()
 
     def note_change(self, reason: str) -> None:

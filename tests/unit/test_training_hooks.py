@@ -60,7 +60,8 @@ def test_records_are_batched_per_flush_interval():
     for i in range(10):
         with mon.step(i):
             clock.t += 0.25
-    assert [len(b) for b in batches] == [4, 4]  # one send per second of steps, not one per step
+    # not one send per step; and a send at the step end after which the next would be late: none waits over 1 s
+    assert [len(b) for b in batches] == [3, 3, 3]
     mon.flush()
     assert sum(len(b) for b in batches) == 10
 
@@ -292,3 +293,50 @@ def test_on_the_cuda_path_the_change_waits_with_its_step_and_survives_a_dropped_
     mon.flush()
     its = {e.step: e.config_change for e in got if isinstance(e, IterationTiming)}
     assert its == {3: "pp 2 -> 4", 4: None}  # step 1's change passed on to the oldest step left
+
+
+def test_a_step_every_local_rank_reported_leaves_at_once_and_a_partial_one_waits_for_the_delay(tmp_path):
+    """The batcher used to hold every step for its 0.2 s delay: latency in each hang and fail-slow alert."""
+    from vigil.producers.training.wire import Sink, encode_datagram
+
+    sent: list = []
+
+    class Raw(Sink):  # what a rank would put in its datagrams
+        def send(self, source, records, urgent=False):
+            sent.append((source, records))
+
+    published: list = []
+
+    class Pub:
+        def publish(self, events):
+            published.append(list(events))
+
+        def poll(self, timeout_s=0.0):
+            pass
+
+    batcher = NodeBatcher(tmp_path / "h.sock", Pub(), max_delay_s=10.0, min_gap_s=1.0)
+    try:
+        mons = [TrainingMonitor(Raw(), job="j", rank=r, node="n", clock=FakeClock(), flush_interval_s=0.0)
+                for r in range(2)]
+        for step in range(2):
+            for m in mons:
+                with m.step(step):
+                    m._clock.t += 0.1
+        datagrams = [encode_datagram(src, recs) for src, recs in sent]
+        steps_of = lambda: sorted((e.source.rank, e.step) for g in published for e in g  # noqa: E731
+                                  if e.event_type == "iteration")
+        t = 100.0
+        for d in datagrams[:3]:  # rank 0 steps 0 and 1, rank 1 step 0: step 0 is complete
+            batcher._ingest(d, t)
+        batcher.step(t)
+        assert steps_of() == [(0, 0), (0, 1), (1, 0)]
+        batcher._ingest(datagrams[3], t + 0.5)  # rank 1 step 1: complete, but within min_gap of the last send
+        batcher.step(t + 0.5)
+        assert len(steps_of()) == 3
+        batcher.step(t + 1.0)
+        assert steps_of() == [(0, 0), (0, 1), (1, 0), (1, 1)]
+        batcher._ingest(encode_datagram(*sent[0]), t + 5.0)  # only rank 0 (a re-sent step 0): not complete
+        batcher.step(t + 6.0)
+        assert len(steps_of()) == 4
+    finally:
+        batcher.stop()
