@@ -26,6 +26,19 @@ def make(clock=None, **kw):
     return mon, got
 
 
+class Messages:
+    """A publisher for the node batcher that keeps each message it publishes (a list of events)."""
+
+    def __init__(self) -> None:
+        self.messages: list[list] = []
+
+    def publish(self, events) -> None:
+        self.messages.append(list(events))
+
+    def poll(self, timeout_s: float = 0.0) -> None:
+        pass
+
+
 def test_step_records_compute_and_communication_with_coordinates():
     clock = FakeClock()
     mon, got = make(clock, flush_interval_s=0.0)
@@ -115,16 +128,9 @@ def test_real_torch_distributed_collectives_are_instrumented(gloo_world_of_one):
 
 
 def test_datagram_sink_to_node_batcher_batches_by_type_and_key(tmp_path):
-    published: list = []
-
-    class Pub:
-        def publish(self, events):
-            published.append(list(events))
-
-        def poll(self, timeout_s=0.0):
-            pass
-
-    batcher = NodeBatcher(tmp_path / "h.sock", Pub(), max_delay_s=0.05)
+    pub = Messages()
+    published = pub.messages
+    batcher = NodeBatcher(tmp_path / "h.sock", pub, max_delay_s=0.05)
     clock = FakeClock()
     mons = [TrainingMonitor(UnixDatagramSink(str(tmp_path / "h.sock")), job="j", rank=r, node="n", clock=clock,
                             flush_interval_s=0.0) for r in range(4)]
@@ -152,18 +158,11 @@ def test_a_second_batcher_refuses_a_socket_someone_receives_on_and_takes_a_stale
     own: the daemon's hooks went to the job's agent, and nowhere once it exited."""
     import socket as socket_
 
-    class Pub:
-        def publish(self, events):
-            pass
-
-        def poll(self, timeout_s=0.0):
-            pass
-
     path = tmp_path / "h.sock"
-    first = NodeBatcher(path, Pub())
+    first = NodeBatcher(path, Messages())
     try:
         with pytest.raises(ValueError, match="already receives the training hooks on .*h.sock"):
-            NodeBatcher(path, Pub())
+            NodeBatcher(path, Messages())
         probe = socket_.socket(socket_.AF_UNIX, socket_.SOCK_DGRAM)
         probe.sendto(b"still the first's", str(path))  # the first still receives on its socket
         probe.close()
@@ -174,7 +173,7 @@ def test_a_second_batcher_refuses_a_socket_someone_receives_on_and_takes_a_stale
     stale.bind(str(path))
     stale.close()
     assert path.is_socket()
-    NodeBatcher(path, Pub()).stop()
+    NodeBatcher(path, Messages()).stop()
 
 
 def test_datagram_sink_without_batcher_keeps_records_and_reports_drops(tmp_path):
@@ -305,16 +304,9 @@ def test_a_step_every_local_rank_reported_leaves_at_once_and_a_partial_one_waits
         def send(self, source, records, urgent=False):
             sent.append((source, records))
 
-    published: list = []
-
-    class Pub:
-        def publish(self, events):
-            published.append(list(events))
-
-        def poll(self, timeout_s=0.0):
-            pass
-
-    batcher = NodeBatcher(tmp_path / "h.sock", Pub(), max_delay_s=10.0, min_gap_s=1.0)
+    pub = Messages()
+    published = pub.messages
+    batcher = NodeBatcher(tmp_path / "h.sock", pub, max_delay_s=10.0, min_gap_s=1.0)
     try:
         mons = [TrainingMonitor(Raw(), job="j", rank=r, node="n", clock=FakeClock(), flush_interval_s=0.0)
                 for r in range(2)]
