@@ -150,20 +150,16 @@ def rewind_shrunk(consumer: Consumer) -> list[TopicPartition]:
     return rewound
 
 
-def take(consumer: Consumer, max_messages: int, timeout_s: float, gather_s: float = 0.0) -> list:
-    """Up to ``max_messages`` messages: wait up to ``timeout_s`` for the first, then up to ``gather_s`` more.
+def take(consumer: Consumer, max_messages: int, timeout_s: float) -> list:
+    """Up to ``max_messages`` messages: wait up to ``timeout_s`` for the first, then only what has arrived.
 
     ``consumer.consume(n, timeout)`` returns early only when ``n`` messages are in: with a trickle (one
     alert, one decision) every message waits out the whole timeout, which is latency on every hop.
-    ``gather_s`` (a few ms) keeps batches whole when messages come fast but not as a backlog: a loop
-    with per-batch work then runs once per few ms, not once per message.
     """
     first = consumer.poll(timeout_s)
     if first is None:
         return []
-    if max_messages <= 1:
-        return [first]
-    return [first, *consumer.consume(max_messages - 1, timeout=gather_s)]
+    return [first, *consumer.consume(max_messages - 1, timeout=0)] if max_messages > 1 else [first]
 
 
 def reader(kafka_conf: dict[str, Any], topics: list[str], from_beginning: bool = True,

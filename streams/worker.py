@@ -64,9 +64,6 @@ URGENT = ("training_exception", "process_exit", "xid", "flight_recorder_dump")
 #: Messages taken from the consumer at a time: a batch is processed before the next timer tick, and
 #: an urgent message waits at most for the batch before its own.
 BATCH = 200
-#: After a batch's first message, how long the loop gathers more: latency of at most this, against a loop run
-#: (clock reads, sorting, ticks, commits) per message when thousands come a second.
-GATHER_S = 0.005
 
 
 class WorkerStats:
@@ -400,7 +397,7 @@ class Worker:
         try:
             while not stop.is_set():
                 wait = min(interval, max(0.0, next_tick - self.clock()))
-                messages = take(self._consumer, BATCH, wait, GATHER_S)
+                messages = take(self._consumer, BATCH, wait)
                 began = self.clock()
                 stats = self.stats
                 if len(messages) > 1:  # failures first (a stable sort: each partition keeps its order)
