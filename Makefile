@@ -39,7 +39,7 @@ chromium:
 # at a time: its real brokers, workers, agents and torch ranks share the session broker, and a false page
 # on a starved host is what those tests look for.
 test: $(STAMP) chromium
-	$(BIN)/python tools/lint_layers.py
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 tests/unit
 	$(BIN)/python -m pytest -q tests/integration
 

@@ -1,20 +1,21 @@
 """What the distribution installs matches the tree, and each public name means one thing.
 
-The design's folders install under ``vigil.`` through pyproject's ``package-dir`` mapping and an
-explicit ``packages`` list (setuptools' discovery cannot follow the mapping): a new sub-package
-missing from the list would import in the repository and be absent from a wheel.
+The design's folders sit at the top of the repository; ``vigil/`` holds a link to each, so they
+install as ``vigil.schemas``, ... through an explicit ``packages`` list: a new sub-package missing
+from the list would import in the repository and be absent from a wheel.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import tomllib
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-MAPPING: dict[str, str] = CONFIG["package-dir"]
+DESIGN_FOLDERS = ("schemas", "detectors", "producers", "streams", "actuators", "sim")
 
 # Public classes that may share a name across modules, each with why. None today: two classes of one
 # name with different meanings make a reader (and an import) pick the wrong one.
@@ -22,15 +23,13 @@ SHARED_NAMES_ALLOWED: dict[str, str] = {}
 
 
 def _package_dirs() -> dict[str, Path]:
-    """Every folder with an ``__init__.py`` under a mapped folder, by the name it installs as."""
+    """Every folder with an ``__init__.py`` under ``vigil/`` (through its links), by the name it installs as."""
     found = {}
-    for package, folder in MAPPING.items():
-        base = ROOT / folder
-        for init in base.rglob("__init__.py"):
-            rel = init.parent.relative_to(base)
-            if "__pycache__" in rel.parts:
-                continue
-            found[".".join((package, *rel.parts))] = init.parent
+    for path, _, files in os.walk(ROOT / "vigil", followlinks=True):
+        folder = Path(path)
+        rel = folder.relative_to(ROOT)
+        if "__init__.py" in files and "__pycache__" not in rel.parts:
+            found[".".join(rel.parts)] = folder
     return found
 
 
@@ -41,9 +40,10 @@ def test_the_packages_list_is_the_tree() -> None:
                               f"listed, not in the tree: {sorted(listed - in_tree)}"
 
 
-def test_every_top_folder_of_the_design_is_mapped() -> None:
-    for folder in ("schemas", "detectors", "producers", "streams", "actuators", "sim"):
-        assert MAPPING[f"vigil.{folder}"] == folder
+def test_every_top_folder_of_the_design_is_linked_under_vigil() -> None:
+    for folder in DESIGN_FOLDERS:
+        link = ROOT / "vigil" / folder
+        assert link.is_symlink() and link.resolve() == ROOT / folder, link
 
 
 def public_classes(dirs: dict[str, Path]) -> dict[str, list[str]]:
