@@ -4,7 +4,8 @@ Every detector, built-in or plugin, is driven the same way, from what its
 class declares (:class:`vigil.detectors.Detector`): the inputs it
 ``consumes``, ``per`` what key (a job or a node: one instance each), and how
 it ``observe``\\ s them. Events are routed by type to the detectors of their
-key; a job's timing events also pass its :class:`~vigil.streams.engine.steps.StepAssembler`,
+key (a node's GPU samples in columns as the per-GPU samples they hold, read
+through light views, not models); a job's timing events also pass its :class:`~vigil.streams.engine.steps.StepAssembler`,
 which derives the ``progress`` and ``rank_timings`` inputs (and takes the
 progress the collective-period detector infers, for jobs with no steps).
 
@@ -68,6 +69,8 @@ __all__ = ["BUILTIN", "DetectionEngine", "EngineParams", "detector_finding"]
 _STEP_EVENTS = ("iteration", "iteration_step", "collective")
 #: Events that say a job's stream is alive.
 _JOB_LIVENESS = (*_STEP_EVENTS, "checkpoint")
+#: A node's GPU samples in columns, routed as the per-GPU samples they hold (:meth:`GpuSamples.rows`).
+_GPU_SAMPLES, _GPU_TELEMETRY = "gpu_samples", "gpu_telemetry"
 
 
 class DetectionEngine(_Timers, _FindingDiff):
@@ -186,29 +189,35 @@ class DetectionEngine(_Timers, _FindingDiff):
             if mark is not None and at > mark:
                 mark = self._marks[feed] = at
             etype: str = event.event_type  # type: ignore[attr-defined]
+            if etype == _GPU_SAMPLES:  # each GPU's values, read by the detectors as a per-GPU sample would be
+                etype = _GPU_TELEMETRY
+                items: Any = event.rows() if etype in pers_of else ()  # type: ignore[attr-defined]
+            else:
+                items = (event,)
             pers = pers_of.get(etype)
             if not pers:
                 continue
-            source = event.source
-            if joins is not None and etype == joins[0] and \
-                    (source.job if joins[1] == "job" else source.node) == joins[2]:
-                for batch in joins[3]:
-                    batch[0].append(event)
-                    if at > batch[1]:
-                        batch[1] = at
-                continue
-            joins = None
-            for per in pers:
-                name = source.job if per == "job" else source.node
-                if name is None:
+            for item in items:
+                source = item.source
+                if joins is not None and etype == joins[0] and \
+                        (source.job if joins[1] == "job" else source.node) == joins[2]:
+                    for batch in joins[3]:
+                        batch[0].append(item)
+                        if at > batch[1]:
+                            batch[1] = at
                     continue
-                found = route(per, name, etype, event, at, now, batches)
-                if found:
-                    out += found
-                if len(pers) == 1 and batch_only.get((per, etype)):
-                    joined = [batches.get((per, name, cls.name)) for cls in self._plans[(per, etype)][2]]
-                    if None not in joined:  # each class took it (none skipped it as stale)
-                        joins = (etype, per, name, joined)  # type: ignore[assignment]
+                joins = None
+                for per in pers:
+                    name = source.job if per == "job" else source.node
+                    if name is None:
+                        continue
+                    found = route(per, name, etype, item, at, now, batches)
+                    if found:
+                        out += found
+                    if len(pers) == 1 and batch_only.get((per, etype)):
+                        joined = [batches.get((per, name, cls.name)) for cls in self._plans[(per, etype)][2]]
+                        if None not in joined:  # each class took it (none skipped it as stale)
+                            joins = (etype, per, name, joined)  # type: ignore[assignment]
         for (per, name, det_name), (items, t) in batches.items():
             key = self._keys(per)[name]
             det = key.detectors[det_name]
