@@ -1,10 +1,11 @@
 """A node's GPU samples in columns (``GpuSamples``): what the per-GPU events (``GpuTelemetry``) say, for less.
 
 The same random rounds of 8 GPUs on a few nodes, with faults the test plants
-(a hot, throttling GPU; a slow clock; an ECC double-bit error; a burst of
+(a hot, throttling GPU; a warm one that does not throttle; a slow clock; an ECC double-bit error; a burst of
 NVLink errors; figures a GPU did not report), go through the detect stage once
 as per-GPU events and once as one columnar event per node: the findings are
-the same, and they name the planted faults. The schema refuses what the
+the same, and they name the planted faults; so are those of a plugin that
+reads only per-GPU events (it is given each GPU's values as a view). The schema refuses what the
 per-GPU event refuses, element by element, and columns that do not align.
 """
 
@@ -16,6 +17,7 @@ import uuid
 import pydantic
 import pytest
 
+from vigil.detectors import Detector, Finding
 from vigil.schemas import GpuSamples, GpuTelemetry, Heartbeat, Source, decode, encode, encode_batch, from_seconds
 from vigil.schemas.events import GPU_FIGURES
 from vigil.schemas.tables import as_stored, column_values
@@ -23,6 +25,8 @@ from vigil.streams.engine.detection import DetectionEngine, EngineParams
 from vigil.streams.stages import DetectStage, Place
 
 NODES = ("n1", "n2", "n3")
+#: (node, GPU, round) drawing more than its cap: n1's GPU 0, rounds 6 to 9 (the plugin's ground truth)
+POWER = {("n1", 0, r) for r in range(6, 10)}
 T0 = 1_000_000.0
 
 
@@ -32,6 +36,8 @@ def plant(round_: int, node: str, gpu: int) -> str | None:
         return "hot"
     if node == "n3" and gpu == 2 and round_ >= 8:
         return "slow"
+    if node == "n1" and gpu == 6 and 4 <= round_ < 9:
+        return "warm"  # hotter than its peers, not throttling
     return None
 
 
@@ -46,9 +52,9 @@ def per_gpu_round(rng: random.Random, round_: int, node: str, counts: dict) -> l
             counts["nvl"] += 4  # NVLink errors on n3's GPU 6, past the threshold of 10 in a few rounds
         fields = dict(
             utilization_pct=97.0, memory_used_bytes=60 << 30, memory_total_bytes=80 << 30,
-            temperature_c=(94.0 if fault == "hot" else 62.0) + rng.uniform(-2, 2),
+            temperature_c=(94.0 if fault == "hot" else 80.0 if fault == "warm" else 62.0) + rng.uniform(-2, 2),
             sm_clock_mhz=(1300.0 if fault == "slow" else 1980.0) * (1 + rng.uniform(-0.005, 0.005)),
-            mem_clock_mhz=2619.0, power_w=650.0 + rng.uniform(-20, 20),
+            mem_clock_mhz=2619.0, power_w=(760.0 if (node, g, round_) in POWER else 650.0) + rng.uniform(-20, 20),
             throttle_reasons=0x40 if fault == "hot" else rng.choice([0, 0x4]),
             ecc_sbe=0, ecc_dbe=counts["dbe"] if (node, g) == ("n1", 3) else 0, pcie_replays=0,
             nvlink_errors={"crc_flit": counts["nvl"]} if (node, g) == ("n3", 6) and counts["nvl"] else {})
@@ -72,8 +78,34 @@ def finding_facts(findings) -> list[tuple]:
              sorted(f.evidence.items())) for f in findings]
 
 
+class PowerOverCap(Detector):
+    """A plugin that reads only per-GPU events (written before the columns): a GPU over 700 W, twice in a row."""
+
+    name = "test_power_over_cap"
+    version = "1"
+    consumes = ("gpu_telemetry",)
+    per = "node"
+
+    def __init__(self) -> None:
+        self._over: dict[int, list[float]] = {}
+
+    def update(self, event: GpuTelemetry, *, t: float) -> None:
+        if event.power_w is not None:
+            over = self._over.setdefault(event.source.gpu, [])
+            over[:] = [*over, t] if event.power_w > 700.0 else []
+
+    @property
+    def findings(self) -> list[Finding]:
+        return [Finding("power_over_cap", 3, ts[0], ts[1], {"gpu": g}) for g, ts in sorted(self._over.items())
+                if len(ts) >= 2]
+
+    @property
+    def finding(self) -> Finding | None:
+        return (self.findings or [None])[0]
+
+
 def run(columnar: bool) -> tuple[list[tuple], int]:
-    stage = DetectStage(DetectionEngine(EngineParams()), {"vigil.telemetry.node": "node"})
+    stage = DetectStage(DetectionEngine(EngineParams(plugins=(PowerOverCap,))), {"vigil.telemetry.node": "node"})
     rng = random.Random(7)
     counts = {n: {"dbe": 0, "nvl": 0} for n in NODES}
     found, records = [], 0
@@ -100,7 +132,10 @@ def test_columns_find_what_per_gpu_events_find():
     raised = {(kind, node, gpu) for status, kind, _, node, gpu, *_ in facts if status == "raised"}
     # the planted faults, and nothing else
     assert raised == {("temperature_outlier", "n2", 5), ("throttle", "n2", 5), ("clock_below_peers", "n3", 2),
-                      ("ecc_dbe", "n1", 3), ("nvlink_errors", "n3", 6)}
+                      ("ecc_dbe", "n1", 3), ("nvlink_errors", "n3", 6), ("power_over_cap", "n1", 0),
+                      ("temperature_outlier", "n1", 6)}
+    [power] = [f for f in facts if f[1] == "power_over_cap" and f[0] == "raised"]
+    assert dict(power[-1])["gpu"] == 0 and power[5] == from_seconds(T0 + 6)  # from the rows, as from the events
     cleared = {(kind, node, gpu) for status, kind, _, node, gpu, *_ in facts if status == "cleared"}
     assert {("temperature_outlier", "n2", 5), ("throttle", "n2", 5)} <= cleared  # n2's GPU 5 cooled down
 
