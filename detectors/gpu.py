@@ -1,7 +1,8 @@
 """GPU degradation on one node: throttling, slow or hot GPUs among their peers, ECC and NVLink errors.
 
 One call per node per interval carries one sample of every GPU of the node
-(what a DCGM/NVML collector reads in one sweep), so each GPU is compared with
+(what a DCGM/NVML collector reads in one sweep; the engine gives it the
+per-GPU events of one message, or the node's ``gpu_samples`` in columns), so each GPU is compared with
 its peers *in the same instant and chassis*: the same job, the same airflow,
 the same power budget. Fields of a GPU sample (all optional):
 
@@ -56,7 +57,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from vigil.detectors.base import Detector, DetectorError, Finding, KeyContext, _check_positive, _check_positive_ints, _check_time, register
-from vigil.schemas import GpuTelemetry
+from vigil.schemas import GpuSamples, GpuTelemetry
 
 __all__ = ["GpuDegradation", "THROTTLE_REASONS", "DEFAULT_THROTTLE_MASK", "decode_throttle_reasons"]
 
@@ -181,7 +182,7 @@ class GpuDegradation(Detector):
 
     name = "gpu_degradation"
     version = "1"
-    consumes = ("gpu_telemetry",)
+    consumes = ("gpu_telemetry", "gpu_samples")
     per = "node"
     batch = True
 
@@ -197,7 +198,12 @@ class GpuDegradation(Detector):
         :meth:`update`'s checks of arbitrary input; a healthy round on a healthy
         node (:meth:`_quiet`) changes nothing but the time.
         """
-        if self._quiet(items, t):
+        if len(items) == 1 and type(items[0]) is GpuSamples:  # a node's sample in columns: the common case
+            if self._quiet_columns(items[0], t):
+                return
+        if any(type(s) is GpuSamples for s in items):
+            items = [r for s in items for r in (s.rows() if type(s) is GpuSamples else (s,))]  # type: ignore[union-attr]
+        elif self._quiet(items, t):
             return
         clean: dict[str, dict[str, Any]] = {}
         bad: str | None = None
@@ -280,6 +286,38 @@ class GpuDegradation(Detector):
             return False
         if len(clocks) - 1 >= self.min_peers and min(clocks) < (1.0 - self.clock_rel) * max(clocks):
             return False
+        if temps:
+            hottest = max(temps)
+            if hottest >= self.temp_limit or (len(temps) - 1 >= self.min_peers and
+                                              hottest - min(temps) > self.temp_margin):
+                return False
+        self._last_t = t
+        self._now = t if self._now is None else max(self._now, t)
+        return True
+
+    def _quiet_columns(self, s: GpuSamples, t: float) -> bool:
+        """:meth:`_quiet` on a node's sample in columns, column by column (no object per GPU)."""
+        last = self._last_t
+        if last is None or not t > last or self._active or self._queued or not math.isfinite(t):
+            return False
+        gpus = s.gpus
+        n = len(gpus)
+        none = [None] * n
+        nvl = s.nvlink_errors
+        sums = [sum(d.values()) if d else None for d in nvl] if nvl else none
+        counted = self._counted
+        if list(zip(s.ecc_sbe or none, s.ecc_dbe or none, sums)) != [counted.get(g) for g in gpus]:
+            return False  # a count moved, or a GPU is new (gpus are unique: the schema says so)
+        mask = self.throttle_mask
+        for reasons in s.throttle_reasons:
+            if reasons is not None and reasons & mask:
+                return False
+        min_util = self.min_util
+        util = s.utilization_pct
+        clocks = [c for c, u in zip(s.sm_clock_mhz, util or none) if c is not None and (u is None or u >= min_util)]
+        if len(clocks) - 1 >= self.min_peers and min(clocks) < (1.0 - self.clock_rel) * max(clocks):
+            return False
+        temps = [x for x in s.temperature_c if x is not None]
         if temps:
             hottest = max(temps)
             if hottest >= self.temp_limit or (len(temps) - 1 >= self.min_peers and

@@ -5,7 +5,7 @@ from vigil.schemas.envelope import Envelope, Source, from_seconds, to_seconds, u
 from vigil.schemas.errors import DecodeError, SchemaError
 from vigil.schemas.events import (
     EVENT_TYPES, GPUS_PER_NODE, JOB_ENDED, NODE_AWAY, ActionResult, Checkpoint, Alert, CollectiveCall, CollectiveOp, DeadLetter, Decision, DetectorFinding,
-    ExceptionCategory, FlightRecorderDump, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState, NicCounters, NodeState,
+    ExceptionCategory, FlightRecorderDump, GpuSamples, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState, NicCounters, NodeState,
     ProcessExit, Slowdown, Subject, TrainingException, XidError,
 )
 from vigil.schemas.topics import (
@@ -15,7 +15,7 @@ from vigil.schemas.topics import (
 __all__ = [
     "Decoded", "content_id", "decode", "encode", "encode_batch", "Envelope", "Source", "from_seconds", "to_seconds",
     "utcnow", "DecodeError", "SchemaError", "EVENT_TYPES", "GPUS_PER_NODE", "JOB_ENDED", "NODE_AWAY", "ActionResult", "Checkpoint", "Alert", "CollectiveCall",
-    "CollectiveOp", "DeadLetter", "Decision", "DetectorFinding", "ExceptionCategory", "FlightRecorderDump", "GpuTelemetry", "Heartbeat",
+    "CollectiveOp", "DeadLetter", "Decision", "DetectorFinding", "ExceptionCategory", "FlightRecorderDump", "GpuSamples", "GpuTelemetry", "Heartbeat",
     "IterationStep", "IterationTiming", "JobState", "NicCounters", "NodeState", "ProcessExit", "Slowdown", "Subject",
     "TrainingException", "XidError", "TOPICS", "NODE_SAMPLES", "NODE_SAMPLE_TYPES", "group_type", "all_topic_names", "message_key", "topic_accepts", "topic_name",
 ]

@@ -1,6 +1,7 @@
 """ClickHouse tables for the history, derived from the event models.
 
-One table per event type. Columns are the envelope (``source`` flattened),
+One table per event type (a node's GPU samples in columns are stored as the
+rows of the per-GPU samples, :data:`STORED_AS`). Columns are the envelope (``source`` flattened),
 then the payload: nested models are flattened with their field name as prefix,
 dicts and lists are stored as JSON strings. Deriving the DDL from the models
 means a new field can never be forgotten by the history.
@@ -82,6 +83,33 @@ TABLE_SPECS: dict[str, TableSpec] = {
 }
 
 
+#: Event types stored as another's rows: a node's GPU samples in columns are one row per GPU in the GPU
+#: telemetry table (the history's SQL does not tell the two forms apart).
+STORED_AS: dict[str, str] = {"gpu_samples": "gpu_telemetry"}
+
+
+def as_stored(events: list[Envelope], views: bool = False) -> list[Any]:
+    """``events`` as the history stores them: each :class:`~vigil.schemas.GpuSamples` as its GPUs'
+    samples (ids per GPU, the same for every delivery), the rest as they are. ``views``: the GPUs'
+    samples as light :class:`~vigil.schemas.events.GpuRow` views (enough for :func:`column_values`),
+    not as models (what a dead letter needs)."""
+    if not any(e.event_type in STORED_AS for e in events):  # type: ignore[attr-defined]
+        return events
+    out: list[Any] = []
+    for e in events:
+        if e.event_type in STORED_AS:  # type: ignore[attr-defined]
+            if views:
+                rows = e.rows()  # type: ignore[attr-defined]
+                for row in rows:
+                    row.event_id  # noqa: B018 - made on first read; column_values reads the row's __dict__
+                out += rows
+            else:
+                out += e.telemetry()  # type: ignore[attr-defined]
+        else:
+            out.append(e)
+    return out
+
+
 def _same(v: Any) -> Any:
     return v
 
@@ -131,6 +159,7 @@ def _plain(annotation: Any) -> Any:
 
 def _base_type(annotation: Any) -> tuple[str, Callable[[Any], Any]]:
     """ClickHouse type and value converter for a (non-optional) annotation."""
+    annotation = _plain(annotation)
     origin = typing.get_origin(annotation)
     if annotation is bool:
         return "Bool", _same

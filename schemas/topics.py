@@ -6,7 +6,8 @@ timings by job, node data by node, alerts by incident. One exception carries
 the high-rate node data: a node agent sends one message per node per interval
 to the node-samples topic, holding its heartbeat with the GPU samples and NIC
 counters taken since the last one, so a worker pays one message's overhead
-for ten records (see :func:`group_type`).
+for ten records (see :func:`group_type`). A topic may also hold another form
+of its event (:data:`ALSO`): the GPU topic takes a node's samples in columns.
 """
 
 from __future__ import annotations
@@ -64,9 +65,18 @@ TOPICS: dict[str, TopicSpec] = {
 }
 
 
+#: Event types that travel on another type's topic (keyed the same way): a node's GPU samples in
+#: columns, on the GPU telemetry topic beside the per-GPU samples of older agents and others' producers.
+ALSO: dict[str, str] = {"gpu_samples": "gpu_telemetry"}
+
 #: The pseudo event type of the node-samples topic, and the event types it may carry.
 NODE_SAMPLES = "node_samples"
-NODE_SAMPLE_TYPES = frozenset({"heartbeat", "gpu_telemetry", "nic_counters"})
+NODE_SAMPLE_TYPES = frozenset({"heartbeat", "gpu_telemetry", "gpu_samples", "nic_counters"})
+
+
+def spec_of(event_type: str) -> TopicSpec:
+    """The topic an event type travels on (its own, or the one :data:`ALSO` names)."""
+    return TOPICS[ALSO.get(event_type, event_type)]
 
 
 def group_type(events: Sequence[Envelope]) -> str:
@@ -93,23 +103,28 @@ def group_type(events: Sequence[Envelope]) -> str:
 def topic_accepts(topic: str) -> frozenset[str]:
     """The event types a message read from ``topic`` (a full name, any prefix) may hold.
 
-    A topic holds its own event type; the node-samples topic holds
-    :data:`NODE_SAMPLE_TYPES`. A topic that is not vigil's accepts nothing.
+    A topic holds its own event type (and those :data:`ALSO` puts on it); the
+    node-samples topic holds :data:`NODE_SAMPLE_TYPES`. A topic that is not
+    vigil's accepts nothing.
 
     >>> sorted(topic_accepts("vigil.telemetry.heartbeats")), sorted(topic_accepts("a.b.telemetry.node"))
-    (['heartbeat'], ['gpu_telemetry', 'heartbeat', 'nic_counters'])
+    (['heartbeat'], ['gpu_samples', 'gpu_telemetry', 'heartbeat', 'nic_counters'])
+    >>> sorted(topic_accepts("vigil.telemetry.gpu"))
+    ['gpu_samples', 'gpu_telemetry']
     >>> topic_accepts("vigil.decisionsX")
     frozenset()
     """
     for spec in TOPICS.values():
         if topic.endswith("." + spec.suffix) and len(topic) > len(spec.suffix) + 1:
-            return NODE_SAMPLE_TYPES if spec.event_type == NODE_SAMPLES else frozenset({spec.event_type})
+            if spec.event_type == NODE_SAMPLES:
+                return NODE_SAMPLE_TYPES
+            return frozenset({spec.event_type, *(t for t, home in ALSO.items() if home == spec.event_type)})
     return frozenset()
 
 
 def topic_name(event_type: str, prefix: str) -> str:
     """Full topic name for an event type, e.g. ``vigil.telemetry.heartbeats``."""
-    return TOPICS[event_type].name(prefix)
+    return spec_of(event_type).name(prefix)
 
 
 def all_topic_names(prefix: str) -> list[str]:
@@ -118,7 +133,7 @@ def all_topic_names(prefix: str) -> list[str]:
 
 def message_key(event: Envelope) -> bytes:
     """The partitioning key of an event, per its topic's ``key``."""
-    key_attr = TOPICS[event.event_type].key  # type: ignore[attr-defined]
+    key_attr = spec_of(event.event_type).key  # type: ignore[attr-defined]
     if key_attr in ("job", "node"):
         value = getattr(event.source, key_attr)
         if value is None and key_attr == "job":

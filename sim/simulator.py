@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from vigil.schemas import (
-    GPUS_PER_NODE, Envelope, ExceptionCategory, GpuTelemetry, Heartbeat, IterationStep, IterationTiming, JobState,
+    GPUS_PER_NODE, Envelope, ExceptionCategory, GpuSamples, Heartbeat, IterationStep, IterationTiming, JobState,
     NicCounters, NodeState, ProcessExit, Source, TrainingException, XidError, from_seconds,
 )
 
@@ -152,7 +152,8 @@ class ClusterSimulator:
     heartbeat_interval_s:
         Agent heartbeat interval.
     telemetry_interval_s:
-        Interval of GPU telemetry and NIC counters per node; ``None`` sends none.
+        Interval of GPU telemetry (one :class:`GpuSamples` per node, the GPUs in columns) and NIC
+        counters per node; ``None`` sends none.
     step_batches:
         Send each job step as one columnar :class:`IterationStep` instead of
         one :class:`IterationTiming` per rank (what large jobs should do).
@@ -419,17 +420,21 @@ class ClusterSimulator:
         dt = at - self._last_telemetry[node]
         self._last_telemetry[node] = at
         when = from_seconds(at)
-        gpus = []
+        clocks, temps, powers, reasons = [], [], [], []
         for gpu in range(GPUS_PER_NODE):
             slow = self._slow_gpus.get((node, gpu), 0.0)
             clock = 1980.0 * (1 + self._rng.uniform(-0.005, 0.005)) / (1 + slow)
-            gpus.append(GpuTelemetry(
-                event_time=when, source=Source(cluster=self.cluster, node=node, gpu=gpu),
-                utilization_pct=97.0, memory_used_bytes=60 << 30, memory_total_bytes=80 << 30,
-                temperature_c=round(62 + self._rng.uniform(-2, 2) + (25 if slow else 0), 1),
-                sm_clock_mhz=round(clock, 1), mem_clock_mhz=2619.0, power_w=round(650 + self._rng.uniform(-20, 20), 1),
-                throttle_reasons=0x20 if slow else 0,  # SW thermal slowdown
-                ecc_sbe=0, ecc_dbe=0, pcie_replays=0))
+            temps.append(round(62 + self._rng.uniform(-2, 2) + (25 if slow else 0), 1))
+            clocks.append(round(clock, 1))
+            powers.append(round(650 + self._rng.uniform(-20, 20), 1))
+            reasons.append(0x20 if slow else 0)  # SW thermal slowdown
+        n = GPUS_PER_NODE
+        # the node's GPUs in one columnar event, as the node agent sends them
+        gpus = [GpuSamples(
+            event_time=when, source=Source(cluster=self.cluster, node=node), gpus=list(range(n)),
+            utilization_pct=[97.0] * n, memory_used_bytes=[60 << 30] * n, memory_total_bytes=[80 << 30] * n,
+            temperature_c=temps, sm_clock_mhz=clocks, mem_clock_mhz=[2619.0] * n, power_w=powers,
+            throttle_reasons=reasons, ecc_sbe=[0] * n, ecc_dbe=[0] * n, pcie_replays=[0] * n)]
         totals = self._nic_totals[node]
         congested = node in self._congested
         for name, normal, surge in (("np_cnp_sent", 40.0, 60_000.0), ("rp_cnp_handled", 40.0, 60_000.0),

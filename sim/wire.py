@@ -19,7 +19,8 @@ from vigil.sim.simulator import SimJob
 
 __all__ = ["NODE_RECORDS", "StepColumns", "Wire"]
 
-#: Records in one node message: the heartbeat, one sample per GPU, the NIC counters.
+#: Records in one node message: the heartbeat, one sample per GPU (all in one columnar event, counted
+#: per GPU as the worker counts them), the NIC counters.
 NODE_RECORDS = 1 + GPUS_PER_NODE + 1
 
 
@@ -59,18 +60,22 @@ class Wire:
     def node(self, node: str, at: float, seq: int, gpus: list[tuple[bool, float, float, float, int]],
              nic: list[float]) -> bytes:
         """A node agent's message at ``at``: its heartbeat (``seq``), a sample of each GPU (busy, SM clock
-        MHz, temperature C, power W, throttle reasons) and its NIC's counters (CNP sent, CNP handled, ECN
+        MHz, temperature C, power W, throttle reasons; one ``gpu_samples`` event) and its NIC's counters (CNP sent, CNP handled, ECN
         marked, port transmit wait)."""
         ids = self.ids
         head = f'"version":1,"event_time":"{self.iso(at)}","source":{{"cluster":"{self.cluster}","node":"{node}"'
         parts = [f'[{{"event_id":"{ids()}",{head}}},"event_type":"heartbeat","seq":{seq},"interval_s":1.0}}']
-        for g, (busy, clock, temp, power, throttle) in enumerate(gpus):
-            util, mem = ("97.0", 64424509440) if busy else ("0.0", 524288000)
-            parts.append(
-                f'{{"event_id":"{ids()}",{head},"gpu":{g}}},"event_type":"gpu_telemetry","utilization_pct":{util},'
-                f'"memory_used_bytes":{mem},"memory_total_bytes":85899345920,"temperature_c":{round(temp, 1)},'
-                f'"sm_clock_mhz":{round(clock, 1)},"mem_clock_mhz":2619.0,"power_w":{round(power, 1)},'
-                f'"throttle_reasons":{throttle},"ecc_sbe":0,"ecc_dbe":0,"pcie_replays":0,"nvlink_errors":{{}}}}')
+        n = len(gpus)
+        busy = [g[0] for g in gpus]
+        parts.append(  # the node's GPUs in columns, as the agent sends them (GpuSamples)
+            f'{{"event_id":"{ids()}",{head}}},"event_type":"gpu_samples","gpus":{_json(list(range(n)))},'
+            f'"utilization_pct":{_json([97.0 if b else 0.0 for b in busy])},'
+            f'"memory_used_bytes":{_json([64424509440 if b else 524288000 for b in busy])},'
+            f'"memory_total_bytes":{_json([85899345920] * n)},"temperature_c":{_json([round(g[2], 1) for g in gpus])},'
+            f'"sm_clock_mhz":{_json([round(g[1], 1) for g in gpus])},"mem_clock_mhz":{_json([2619.0] * n)},'
+            f'"power_w":{_json([round(g[3], 1) for g in gpus])},"throttle_reasons":{_json([g[4] for g in gpus])},'
+            f'"ecc_sbe":{_json([0] * n)},"ecc_dbe":{_json([0] * n)},"retired_pages":[],"remapped_rows":[],'
+            f'"pcie_replays":{_json([0] * n)},"nvlink_errors":[]}}')
         parts.append(
             f'{{"event_id":"{ids()}",{head}}},"event_type":"nic_counters","device":"mlx5_0","port":1,"counters":'
             f'{{"np_cnp_sent":{int(nic[0])},"rp_cnp_handled":{int(nic[1])},"np_ecn_marked_roce_packets":{int(nic[2])},'

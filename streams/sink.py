@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, KafkaException, TopicPartition
 
 from vigil.schemas import DeadLetter, DecodeError, Envelope, all_topic_names, decode, topic_accepts
+from vigil.schemas.tables import as_stored
 from vigil.streams.config import StreamConfig
 from vigil.streams.history import HistoryStore, gc_paused, gc_resumed
 from vigil.streams.kafka import dead_letter, refused_event
@@ -384,9 +385,10 @@ class HistorySink:
                 self.stats.dead_letters += 1
                 continue
             decoded = decode(value, accept=topic_accepts(topic))
-            events.extend(decoded.events)
-            alone = value if len(decoded.events) == 1 and not decoded.errors else None
-            for event in decoded.events:
+            stored = as_stored(decoded.events)  # a node's GPU samples in columns: a row per GPU
+            events.extend(stored)
+            alone = value if len(stored) == 1 and not decoded.errors else None
+            for event in stored:
                 self._origins[event.event_id.int] = (topic, partition, offset, alone, stamp)
             for err in decoded.errors:
                 events.append(dead_letter(err, topic, partition, offset, stamp))

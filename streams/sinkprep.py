@@ -35,7 +35,7 @@ from clickhouse_connect.driver.common import write_leb128
 from clickhouse_connect.driver.insert import InsertContext
 
 from vigil.schemas import Envelope, decode, topic_accepts
-from vigil.schemas.tables import TABLE_SPECS, column_values, columns
+from vigil.schemas.tables import TABLE_SPECS, as_stored, column_values, columns
 from vigil.streams.history import gc_paused, insertable_columns
 
 
@@ -79,7 +79,7 @@ def _prepare(values: list[bytes | None], topics: list[str] | None, out: Prepared
         if decoded.errors:
             out.careful.append(index)
             continue
-        for event in decoded.events:
+        for event in as_stored(decoded.events, views=True):
             event_type = event.event_type  # type: ignore[attr-defined]
             batch = by_type.get(event_type)
             if batch is None:

@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 __all__ = ["AlertFlow", "CorrelateStage", "DecideStage", "DetectStage", "Place", "build_stages"]
 
 
-#: The event type whose records are columns (one record per rank).
+#: The event types whose records are columns: one record per rank of a step, one per GPU of a node's samples.
 _STEP = "iteration_step"
+_GPU_SAMPLES = "gpu_samples"
 #: An event's job or node name.
 _SUBJECT_OF = {"job": attrgetter("source.job"), "node": attrgetter("source.node")}
 
@@ -69,7 +70,7 @@ class Place:
 class Detected:
     findings: list[DetectorFinding] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
-    #: telemetry records the message held (a columnar step counts one per rank)
+    #: telemetry records the message held (a columnar step counts one per rank, columnar GPU samples one per GPU)
     records: int = 0
 
 
@@ -97,8 +98,16 @@ class DetectStage:
                 self.engine.on_events([], now, replay=replay, written=place.timestamp,
                                       feed=(place.topic, place.partition))
             return out
-        # a columnar step counts one record per rank; a topic holds only its own types (decode refused the rest)
-        out.records = sum(len(ev.ranks) for ev in events) if _STEP in topic_accepts(place.topic) else len(events)  # type: ignore[attr-defined]
+        # a columnar step counts one record per rank, a node's GPU samples in columns one per GPU (records/s
+        # stays comparable with per-rank and per-GPU events); a topic holds only its own types (decode refused
+        # the rest), so only the topics that may carry columns are looked into
+        accepts = topic_accepts(place.topic)
+        if _STEP in accepts:
+            out.records = sum(len(ev.ranks) for ev in events)  # type: ignore[attr-defined]
+        elif _GPU_SAMPLES in accepts:
+            out.records = sum(len(ev.gpus) if ev.event_type == _GPU_SAMPLES else 1 for ev in events)  # type: ignore[attr-defined]
+        else:
+            out.records = len(events)
         self._remember(place, events)
         future: list[Envelope] = []
         try:

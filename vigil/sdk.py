@@ -125,7 +125,8 @@ class StreamApp:
                              "fetch.wait.max.ms": 20, "log_level": 3})
         producer = Producer({**self._conf, "enable.idempotence": True, "acks": "all", "linger.ms": 2, "log_level": 3})
         wanted = set(self.consumes)
-        topics = [topic_name(t, self._prefix) for t in self.consumes]
+        per_gpu = "gpu_telemetry" in wanted and "gpu_samples" not in wanted
+        topics = list(dict.fromkeys(topic_name(t, self._prefix) for t in self.consumes))
         if wanted & NODE_SAMPLE_TYPES:  # node agents send these together, one message per node and interval
             topics.append(topic_name(NODE_SAMPLES, self._prefix))
         consumer.subscribe(topics)
@@ -142,7 +143,11 @@ class StreamApp:
                     for err in decoded.errors:
                         dl = dead_letter(err, msg.topic(), msg.partition(), msg.offset())
                         producer.produce(dlq_topic, key=msg.topic().encode(), value=encode(dl))
-                    for event in decoded.events:
+                    events = decoded.events
+                    if per_gpu:  # an app that reads per-GPU samples gets those a node sent in columns as such
+                        events = [g for e in events for g in (e.telemetry() if e.event_type == "gpu_samples"  # type: ignore[attr-defined]
+                                                              else (e,))]
+                    for event in events:
                         if event.event_type not in wanted:  # type: ignore[attr-defined]
                             continue  # a node-samples message's other kinds
                         ctx = Context(self)

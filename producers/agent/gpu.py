@@ -5,7 +5,8 @@ temperature, SM and memory clocks, power, the clocks-event (throttle) reason
 mask, volatile ECC single/double-bit counts, retired pages (pre-Ampere) and
 remapped rows (Ampere+), the PCIe replay counter and the NVLink error
 counters of active links (summed per counter over links, and per link as
-``l<N>.<counter>``). Each field is read on its own: a field the GPU does not
+``l<N>.<counter>``), and sends them as one :class:`~vigil.schemas.GpuSamples`
+per sample (the node's GPUs in columns). Each field is read on its own: a field the GPU does not
 support stays unset; any other NVML error on a field is reported once as a
 health problem keyed ``gpu<i>.<field>``.
 
@@ -25,7 +26,8 @@ from datetime import datetime
 from typing import Any
 
 from vigil.producers.agent.base import Collector, CollectorUnavailable
-from vigil.schemas import Envelope, GpuTelemetry, Source, XidError
+from vigil.schemas import Envelope, GpuSamples, Source, XidError
+from vigil.schemas.events import GPU_FIGURES
 
 __all__ = ["NvmlTelemetryCollector", "NvmlXidCollector", "load_nvml"]
 
@@ -87,7 +89,7 @@ class NvmlTelemetryCollector(_NvmlBase):
     def collect(self, now: datetime) -> list[Envelope]:
         nv = self._init()
         assert self._handles is not None
-        out: list[Envelope] = []
+        rows: list[dict[str, Any]] = []
         for i, h in self._handles:
             r = lambda field, fn, *a: self._read(nv, i, field, fn, *a)  # noqa: E731
             util = r("utilization", nv.nvmlDeviceGetUtilizationRates, h)
@@ -108,8 +110,8 @@ class NvmlTelemetryCollector(_NvmlBase):
             remap = r("remapped_rows", nv.nvmlDeviceGetRemappedRows, h)
             remapped = int(remap[0]) + int(remap[1]) if remap is not None else None
             replays = r("pcie_replays", nv.nvmlDeviceGetPcieReplayCounter, h)
-            out.append(GpuTelemetry(
-                event_time=now, source=self.source.model_copy(update={"gpu": i}),
+            rows.append(dict(
+                gpu=i,
                 utilization_pct=None if util is None else float(min(100, max(0, util.gpu))),
                 memory_used_bytes=None if mem is None else int(mem.used),
                 memory_total_bytes=None if mem is None else int(mem.total),
@@ -123,7 +125,14 @@ class NvmlTelemetryCollector(_NvmlBase):
                 pcie_replays=None if replays is None else int(replays),
                 nvlink_errors=self._nvlink(nv, i, h),
             ))
-        return out
+        if not rows:
+            return []
+        # One event for the node's GPUs, in columns: a figure no GPU reported is an empty column.
+        columns = {f: [row[f] for row in rows] for f in GPU_FIGURES}
+        for f, values in columns.items():
+            if all(v is None or v == {} for v in values):
+                values.clear()
+        return [GpuSamples(event_time=now, source=self.source, gpus=[row["gpu"] for row in rows], **columns)]
 
     _NVLINK_COUNTERS = (("replay", "NVML_NVLINK_ERROR_DL_REPLAY"), ("recovery", "NVML_NVLINK_ERROR_DL_RECOVERY"),
                         ("crc_flit", "NVML_NVLINK_ERROR_DL_CRC_FLIT"), ("crc_data", "NVML_NVLINK_ERROR_DL_CRC_DATA"))

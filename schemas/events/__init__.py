@@ -19,7 +19,8 @@ from vigil.schemas.events.health import (DETAIL_MAX, RAW_B64_MAX, RAW_KEEP, Agen
 from vigil.schemas.events.incidents import ActionResult, Alert, Decision, DetectorFinding, Slowdown, Subject
 from vigil.schemas.events.lifecycle import GPUS_PER_NODE, JOB_ENDED, NODE_AWAY, Checkpoint, JobState, NodeState
 from vigil.schemas.events.telemetry import (GpuIndex, TimingFigure, TimingMethod, U64, CollectiveCall, CollectiveOp,
-                                            ExceptionCategory, FlightRecorderDump, GpuTelemetry, Heartbeat,
+                                            ExceptionCategory, FlightRecorderDump, GPU_FIGURES, GpuRow, GpuSamples,
+                                            GpuTelemetry, Heartbeat,
                                             IterationStep, IterationTiming, NicCounters, ProcessExit,
                                             TrainingException, XidError)
 
@@ -27,6 +28,7 @@ __all__ = [
     "EVENT_MODELS", "EVENT_TYPES", "GPUS_PER_NODE", "JOB_ENDED", "NODE_AWAY", "RAW_KEEP", "RAW_B64_MAX", "DETAIL_MAX",
     "U64", "GpuIndex", "TimingFigure", "TimingMethod",
     "IterationTiming", "IterationStep", "CollectiveOp", "CollectiveCall", "XidError", "NicCounters", "GpuTelemetry",
+    "GpuSamples", "GpuRow", "GPU_FIGURES",
     "Heartbeat", "ProcessExit", "ExceptionCategory", "TrainingException", "FlightRecorderDump",
     "JobState", "NodeState", "Checkpoint",
     "Subject", "Slowdown", "Alert", "DetectorFinding", "Decision", "ActionResult",
@@ -34,7 +36,7 @@ __all__ = [
 ]
 
 EVENT_MODELS: tuple[type[Envelope], ...] = (
-    IterationTiming, IterationStep, CollectiveCall, XidError, NicCounters, GpuTelemetry, Heartbeat,
+    IterationTiming, IterationStep, CollectiveCall, XidError, NicCounters, GpuTelemetry, GpuSamples, Heartbeat,
     ProcessExit, TrainingException, JobState, NodeState, Checkpoint, DetectorFinding, Alert, Decision, ActionResult,
     DeadLetter, AgentHealth, EventsDropped, WatchdogReport, FlightRecorderDump,
 )

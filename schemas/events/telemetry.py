@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from enum import Enum
 from typing import Annotated, Any, Literal
 
@@ -13,6 +14,9 @@ from vigil.schemas.envelope import INT64_MAX, INT64_MIN, Count, Envelope, Label,
 U64 = Annotated[int, Field(ge=0, le=2**64 - 1)]
 #: A GPU index on a node.
 GpuIndex = Annotated[int, Field(ge=0, le=1023)]
+#: The figures of a GPU sample, bounded once for the per-GPU and the columnar events.
+Percent = Annotated[float, Field(ge=0, le=100)]
+NonNegative = Annotated[float, Field(ge=0)]
 
 #: A timing figure of an iteration record, and the ways one can be measured (see ``IterationTiming.measured``).
 TimingFigure = Literal["compute_s", "communication_s", "wait_s"]
@@ -147,23 +151,148 @@ class NicCounters(Envelope):
 
 
 class GpuTelemetry(Envelope):
-    """One sample of one GPU's health (NVML)."""
+    """One sample of one GPU's health (NVML). A node agent sends its GPUs' samples as one :class:`GpuSamples`."""
 
     event_type: Literal["gpu_telemetry"] = Field("gpu_telemetry", description="Event type tag.")
-    utilization_pct: float | None = Field(None, ge=0, le=100, description="GPU utilization in percent.")
-    memory_used_bytes: int | None = Field(None, ge=0, le=INT64_MAX, description="Device memory in use.")
-    memory_total_bytes: int | None = Field(None, ge=0, le=INT64_MAX, description="Device memory in total.")
+    utilization_pct: Percent | None = Field(None, description="GPU utilization in percent.")
+    memory_used_bytes: Count | None = Field(None, description="Device memory in use.")
+    memory_total_bytes: Count | None = Field(None, description="Device memory in total.")
     temperature_c: float | None = Field(None, description="GPU core temperature in degrees Celsius.")
-    sm_clock_mhz: float | None = Field(None, ge=0, description="SM clock in MHz.")
-    mem_clock_mhz: float | None = Field(None, ge=0, description="Memory clock in MHz.")
-    power_w: float | None = Field(None, ge=0, description="Power draw in watts.")
-    throttle_reasons: int | None = Field(None, ge=0, le=INT64_MAX, description="NVML clocks-event (throttle) reason bitmask.")
-    ecc_sbe: int | None = Field(None, ge=0, le=INT64_MAX, description="Corrected (single-bit) ECC errors, volatile count.")
-    ecc_dbe: int | None = Field(None, ge=0, le=INT64_MAX, description="Uncorrected (double-bit) ECC errors, volatile count.")
-    retired_pages: int | None = Field(None, ge=0, le=INT64_MAX, description="Retired pages (pre-Ampere) in total.")
-    remapped_rows: int | None = Field(None, ge=0, le=INT64_MAX, description="Remapped rows (Ampere and later) in total.")
-    pcie_replays: int | None = Field(None, ge=0, le=INT64_MAX, description="PCIe replay counter.")
+    sm_clock_mhz: NonNegative | None = Field(None, description="SM clock in MHz.")
+    mem_clock_mhz: NonNegative | None = Field(None, description="Memory clock in MHz.")
+    power_w: NonNegative | None = Field(None, description="Power draw in watts.")
+    throttle_reasons: Count | None = Field(None, description="NVML clocks-event (throttle) reason bitmask.")
+    ecc_sbe: Count | None = Field(None, description="Corrected (single-bit) ECC errors, volatile count.")
+    ecc_dbe: Count | None = Field(None, description="Uncorrected (double-bit) ECC errors, volatile count.")
+    retired_pages: Count | None = Field(None, description="Retired pages (pre-Ampere) in total.")
+    remapped_rows: Count | None = Field(None, description="Remapped rows (Ampere and later) in total.")
+    pcie_replays: Count | None = Field(None, description="PCIe replay counter.")
     nvlink_errors: dict[Label, U64] = Field(default_factory=dict, description="NVLink error counters by name.")
+
+
+#: The figures of a GPU sample, in :class:`GpuTelemetry`'s order (a column each in :class:`GpuSamples`).
+GPU_FIGURES = ("utilization_pct", "memory_used_bytes", "memory_total_bytes", "temperature_c", "sm_clock_mhz",
+               "mem_clock_mhz", "power_w", "throttle_reasons", "ecc_sbe", "ecc_dbe", "retired_pages",
+               "remapped_rows", "pcie_replays", "nvlink_errors")
+
+
+def _column(description: str) -> Any:
+    return Field(default_factory=list, description=description + (
+        " One element per GPU of ``gpus`` (null: that GPU did not report it), or empty: none did."))
+
+
+class GpuSamples(Envelope):
+    """One node's GPUs sampled at one time, in columns: one message per node per sample.
+
+    The columnar form of :class:`GpuTelemetry` (what a node agent sends; the
+    per-GPU event stays accepted): element ``i`` of every column belongs to
+    GPU ``gpus[i]``, with the same bounds as the per-GPU event's field. A
+    column left empty means no GPU reported that figure. Detectors read each
+    GPU's values as they read a :class:`GpuTelemetry` (:meth:`rows`), and the
+    history stores one row per GPU in the GPU telemetry table.
+    """
+
+    event_type: Literal["gpu_samples"] = Field("gpu_samples", description="Event type tag.")
+    gpus: list[GpuIndex] = Field(min_length=1, max_length=1024, description="GPU index on the node, one per column element.")
+    utilization_pct: list[Percent | None] = _column("GPU utilization in percent.")
+    memory_used_bytes: list[Count | None] = _column("Device memory in use.")
+    memory_total_bytes: list[Count | None] = _column("Device memory in total.")
+    temperature_c: list[float | None] = _column("GPU core temperature in degrees Celsius.")
+    sm_clock_mhz: list[NonNegative | None] = _column("SM clock in MHz.")
+    mem_clock_mhz: list[NonNegative | None] = _column("Memory clock in MHz.")
+    power_w: list[NonNegative | None] = _column("Power draw in watts.")
+    throttle_reasons: list[Count | None] = _column("NVML clocks-event (throttle) reason bitmask.")
+    ecc_sbe: list[Count | None] = _column("Corrected (single-bit) ECC errors, volatile count.")
+    ecc_dbe: list[Count | None] = _column("Uncorrected (double-bit) ECC errors, volatile count.")
+    retired_pages: list[Count | None] = _column("Retired pages (pre-Ampere) in total.")
+    remapped_rows: list[Count | None] = _column("Remapped rows (Ampere and later) in total.")
+    pcie_replays: list[Count | None] = _column("PCIe replay counter.")
+    nvlink_errors: list[dict[Label, U64]] = Field(default_factory=list, description=(
+        "NVLink error counters by name, one mapping per GPU of ``gpus`` (empty: none), or empty: none reported."))
+
+    @model_validator(mode="after")
+    def _columns_align(self) -> "GpuSamples":
+        n = len(self.gpus)
+        for name in GPU_FIGURES:
+            got = len(getattr(self, name))
+            if got and got != n:
+                raise ValueError(f"{name} has {got} elements, gpus has {n} (or none: not reported)")
+        if len(set(self.gpus)) != n:
+            raise ValueError("gpus names a GPU twice (one sample per GPU)")
+        if self.source.gpu is not None:
+            raise ValueError("source.gpu must be unset: the GPUs are the gpus column")
+        return self
+
+    def rows(self) -> list["GpuRow"]:
+        """Each GPU's sample as a :class:`GpuRow` (read like a :class:`GpuTelemetry`), without validating
+        anything again: the columns were validated as a whole."""
+        gpus = self.gpus
+        n = len(gpus)
+        d = self.__dict__
+        names = [f for f in GPU_FIGURES if d[f]]
+        src = self.source
+        cluster, node, job, rank = src.cluster, src.node, src.job, src.rank
+        head = {"version": self.version, "event_time": self.event_time, "event_type": "gpu_telemetry",
+                "_of": self.event_id, **_ABSENT}
+        new = object.__new__
+        out: list[GpuRow] = []
+        columns = [d[f] for f in names]
+        for i, values in enumerate(zip(*columns) if columns else ((),) * n):
+            row = new(GpuRow)
+            rd = row.__dict__
+            rd.update(head)
+            source = new(RowSource)
+            source.__dict__.update(cluster=cluster, node=node, job=job, rank=rank, gpu=gpus[i])
+            rd["source"] = source
+            rd.update(zip(names, values))
+            if rd["nvlink_errors"] is None:
+                rd["nvlink_errors"] = {}
+            out.append(row)
+        return out
+
+    def telemetry(self) -> list[GpuTelemetry]:
+        """Each GPU's sample as a :class:`GpuTelemetry`, with the id of :meth:`row_id` (built without
+        validating again: for readers that need the model itself)."""
+        stated = {"event_id", "version", "event_time", "source", "event_type", *(f for f in GPU_FIGURES if getattr(self, f))}
+        return [GpuTelemetry.model_construct(
+            stated, event_id=row.event_id, version=row.version, event_time=row.event_time,
+            source=self.source.model_copy(update={"gpu": row.source.gpu}),
+            **{f: getattr(row, f) for f in GPU_FIGURES}) for row in self.rows()]
+
+
+#: A figure no GPU of the message reported.
+_ABSENT: dict[str, Any] = {f: None for f in GPU_FIGURES}
+
+
+def row_id(samples_id: uuid.UUID, gpu: int) -> uuid.UUID:
+    """The event id of GPU ``gpu``'s row of the :class:`GpuSamples` ``samples_id``: the same for every
+    delivery of the message (a UUIDv5 in the message's id as namespace), so the history stores it once."""
+    return uuid.uuid5(samples_id, str(gpu))
+
+
+class RowSource:
+    """A :class:`GpuRow`'s source: the attributes of :class:`~vigil.schemas.envelope.Source`, plain."""
+
+    cluster: str
+    node: str | None
+    job: str | None
+    rank: int | None
+    gpu: int | None
+
+
+class GpuRow:
+    """One GPU's values of a :class:`GpuSamples`, read like a :class:`GpuTelemetry`: the same attributes
+    (``event_type`` is ``gpu_telemetry``; ``event_id`` is :func:`row_id`'s, made when first read), as
+    plain Python objects. A view, not a model: it is not validated again and has no pydantic methods."""
+
+    event_type: str
+    source: RowSource
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "event_id":  # only the history needs it: made on demand
+            eid = self.__dict__["event_id"] = row_id(self.__dict__["_of"], self.source.gpu)  # type: ignore[arg-type]
+            return eid
+        raise AttributeError(name)
 
 
 class Heartbeat(Envelope):

@@ -4,7 +4,9 @@ Every detector, built-in or plugin, is driven the same way, from what its
 class declares (:class:`vigil.detectors.Detector`): the inputs it
 ``consumes``, ``per`` what key (a job or a node: one instance each), and how
 it ``observe``\\ s them. Events are routed by type to the detectors of their
-key; a job's timing events also pass its :class:`~vigil.streams.engine.steps.StepAssembler`,
+key (a node's GPU samples in columns as they are to the detectors that read
+columns, and as the per-GPU samples they hold, light views and not models, to
+those that read only those); a job's timing events also pass its :class:`~vigil.streams.engine.steps.StepAssembler`,
 which derives the ``progress`` and ``rank_timings`` inputs (and takes the
 progress the collective-period detector infers, for jobs with no steps).
 
@@ -68,6 +70,10 @@ __all__ = ["BUILTIN", "DetectionEngine", "EngineParams", "detector_finding"]
 _STEP_EVENTS = ("iteration", "iteration_step", "collective")
 #: Events that say a job's stream is alive.
 _JOB_LIVENESS = (*_STEP_EVENTS, "checkpoint")
+#: A node's GPU samples in columns go to the detectors that read them so (``consumes`` names both
+#: types), and as the per-GPU samples they hold (:meth:`GpuSamples.rows`, routed as ``_GPU_ROWS``) to those
+#: that read only ``gpu_telemetry`` (a plugin written before the columns).
+_GPU_SAMPLES, _GPU_TELEMETRY, _GPU_ROWS = "gpu_samples", "gpu_telemetry", "gpu_samples:rows"
 
 
 class DetectionEngine(_Timers, _FindingDiff):
@@ -83,6 +89,9 @@ class DetectionEngine(_Timers, _FindingDiff):
         for cls in classes:
             for item in cls.consumes:
                 self._routes.setdefault((cls.per, item), []).append(cls)  # type: ignore[arg-type]
+            if _GPU_TELEMETRY in cls.consumes and _GPU_SAMPLES not in cls.consumes:
+                # a node's GPU samples in columns reach it as the per-GPU samples they hold (GpuRow views)
+                self._routes.setdefault((cls.per, _GPU_ROWS), []).append(cls)  # type: ignore[arg-type]
         #: event type -> the keys it is routed by ("job", "node")
         self._pers: dict[str, tuple[str, ...]] = {}
         for (per, item) in self._routes:
@@ -186,29 +195,34 @@ class DetectionEngine(_Timers, _FindingDiff):
             if mark is not None and at > mark:
                 mark = self._marks[feed] = at
             etype: str = event.event_type  # type: ignore[attr-defined]
-            pers = pers_of.get(etype)
-            if not pers:
-                continue
-            source = event.source
-            if joins is not None and etype == joins[0] and \
-                    (source.job if joins[1] == "job" else source.node) == joins[2]:
-                for batch in joins[3]:
-                    batch[0].append(event)
-                    if at > batch[1]:
-                        batch[1] = at
-                continue
-            joins = None
-            for per in pers:
-                name = source.job if per == "job" else source.node
-                if name is None:
+            if etype == _GPU_SAMPLES and _GPU_ROWS in pers_of:  # and each GPU's values to who reads only those
+                todo: Any = ((etype, event), *((_GPU_ROWS, row) for row in event.rows()))  # type: ignore[attr-defined]
+            else:
+                todo = ((etype, event),)
+            for etype, item in todo:
+                pers = pers_of.get(etype)
+                if not pers:
                     continue
-                found = route(per, name, etype, event, at, now, batches)
-                if found:
-                    out += found
-                if len(pers) == 1 and batch_only.get((per, etype)):
-                    joined = [batches.get((per, name, cls.name)) for cls in self._plans[(per, etype)][2]]
-                    if None not in joined:  # each class took it (none skipped it as stale)
-                        joins = (etype, per, name, joined)  # type: ignore[assignment]
+                source = item.source
+                if joins is not None and etype == joins[0] and \
+                        (source.job if joins[1] == "job" else source.node) == joins[2]:
+                    for batch in joins[3]:
+                        batch[0].append(item)
+                        if at > batch[1]:
+                            batch[1] = at
+                    continue
+                joins = None
+                for per in pers:
+                    name = source.job if per == "job" else source.node
+                    if name is None:
+                        continue
+                    found = route(per, name, etype, item, at, now, batches)
+                    if found:
+                        out += found
+                    if len(pers) == 1 and batch_only.get((per, etype)):
+                        joined = [batches.get((per, name, cls.name)) for cls in self._plans[(per, etype)][2]]
+                        if None not in joined:  # each class took it (none skipped it as stale)
+                            joins = (etype, per, name, joined)  # type: ignore[assignment]
         for (per, name, det_name), (items, t) in batches.items():
             key = self._keys(per)[name]
             det = key.detectors[det_name]

@@ -14,7 +14,7 @@ import clickhouse_connect
 
 from vigil.schemas import Envelope
 from vigil.schemas.events import EVENT_TYPES
-from vigil.schemas.tables import TABLE_SPECS, column_values, columns, create_table_sql, table_name
+from vigil.schemas.tables import TABLE_SPECS, as_stored, column_values, columns, create_table_sql, table_name
 from vigil.streams.analytics import ROLLUPS, migrate_analytics
 from vigil.streams.history import HistoryError
 from vigil.streams.history.gcpause import gc_paused
@@ -161,7 +161,7 @@ class HistoryStore:
             return self._insert_events(events)
 
     def _insert_events(self, events: Iterable[Envelope]) -> int:
-        events = events if isinstance(events, list) else list(events)
+        events = as_stored(events if isinstance(events, list) else list(events))
         # Keyed by the id's 128-bit int: hashing a UUID object costs a Python call, an int none.
         keys = list(map(_ID_INT, events))
         kinds = set(map(_EVENT_TYPE, events))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from vigil.schemas import Alert, GpuTelemetry, Source, decode, encode_batch, from_seconds
+from vigil.schemas import Alert, GpuSamples, GpuTelemetry, Source, decode, encode_batch, from_seconds
 from vigil.streams.kafka import reader
 from tests.integration.conftest import WorkerProcess, wait_for
 
@@ -44,9 +44,16 @@ def test_entry_point_plugin_and_sdk_app_raise_incidents(config, tmp_path):
         producer = Producer(config.kafka_conf())
         t0 = time.time()
         for i in range(5):
-            samples = [GpuTelemetry(event_time=from_seconds(t0 + i), source=Source(node="n1", gpu=g),
-                                    power_w=800.0 if g == 2 else 600.0, temperature_c=95.0 if g == 5 else 60.0)
-                       for g in range(8)]
+            # GPU 2 over its power cap from the first sample, GPU 5 hot from the third: the plugin's 3 samples in a
+            # row and the app's hot one need the columns' samples too
+            power = [800.0 if g == 2 else 600.0 for g in range(8)]
+            temps = [95.0 if g == 5 and i >= 2 else 60.0 for g in range(8)]
+            if i < 2:  # an older agent's per-GPU events, then a newer one's columns: the plugin and the app see both
+                samples: list = [GpuTelemetry(event_time=from_seconds(t0 + i), source=Source(node="n1", gpu=g),
+                                              power_w=power[g], temperature_c=temps[g]) for g in range(8)]
+            else:
+                samples = [GpuSamples(event_time=from_seconds(t0 + i), source=Source(node="n1"), gpus=list(range(8)),
+                                      power_w=power, temperature_c=temps)]
             producer.produce(config.topic("gpu_telemetry"), key=b"n1", value=encode_batch(samples))
         producer.flush(10)
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from vigil.producers.agent import Agent, GpuMemoryWatchdog, NvmlTelemetryCollector, NvmlXidCollector
-from vigil.schemas import GpuTelemetry, Source, XidError
+from vigil.schemas import GpuSamples, GpuTelemetry, Source, XidError
 from vigil.schemas.events import AgentHealth, WatchdogReport
 
 T0 = datetime(2025, 1, 1, tzinfo=timezone.utc)
@@ -130,7 +130,10 @@ class StubNvml:
 def test_stub_nvml_telemetry_reads_every_field():
     nv = StubNvml()
     col = NvmlTelemetryCollector(10, SRC, nvml=nv)
-    g0, g1 = col.collect(T0)
+    [samples] = col.collect(T0)  # one event for the node's GPUs, in columns
+    assert isinstance(samples, GpuSamples) and samples.gpus == [0, 1] and samples.source == SRC
+    assert samples.retired_pages == [None, 3] and samples.nvlink_errors[1] == {}
+    g0, g1 = samples.telemetry()
     assert isinstance(g0, GpuTelemetry) and g0.source.gpu == 0 and g1.source.gpu == 1
     assert g0.utilization_pct == 97 and g0.memory_used_bytes == 30 << 30 and g0.memory_total_bytes == 80 << 30
     assert (g0.temperature_c, g0.sm_clock_mhz, g0.mem_clock_mhz, g0.power_w) == (71, 1410, 1593, 312.5)
@@ -155,8 +158,8 @@ def test_stub_nvml_field_error_is_one_health_event_and_the_rest_is_read():
     out = agent.run_once(col, T0)
     health = [e for e in out if isinstance(e, AgentHealth)]
     assert sorted(h.problem for h in health) == ["gpu0.power", "gpu1.power"]
-    gpus = [e for e in out if isinstance(e, GpuTelemetry)]
-    assert len(gpus) == 2 and gpus[0].power_w is None and gpus[0].temperature_c == 71
+    [samples] = [e for e in out if isinstance(e, GpuSamples)]
+    assert samples.gpus == [0, 1] and samples.power_w == [] and samples.temperature_c[0] == 71  # none read: no column
     assert [e for e in agent.run_once(col, T0) if isinstance(e, AgentHealth)] == []
 
 
@@ -195,7 +198,7 @@ def test_real_pynvml_without_a_gpu_is_unavailable_not_a_crash():
     agent = Agent([col], publisher=None, source=SRC)
     out = agent.run_once(col, T0)
     # On a machine with a GPU this reads telemetry; here (no driver) it is one health event.
-    assert all(isinstance(e, (GpuTelemetry, AgentHealth)) for e in out)
+    assert all(isinstance(e, (GpuSamples, AgentHealth)) for e in out)
 
 
 def test_the_nvml_binding_imports_without_a_warning():

@@ -107,7 +107,8 @@ def test_a_topic_accepts_only_its_event_types():
 
     topic = "vigil.telemetry.heartbeats"
     assert topic_accepts(topic) == {"heartbeat"}
-    assert topic_accepts("x.y.telemetry.node") == {"heartbeat", "gpu_telemetry", "nic_counters"}
+    assert topic_accepts("x.y.telemetry.node") == {"heartbeat", "gpu_telemetry", "gpu_samples", "nic_counters"}
+    assert topic_accepts("x.y.telemetry.gpu") == {"gpu_telemetry", "gpu_samples"}  # per GPU, or a node's in columns
     assert topic_accepts("vigil.decisions") == {"decision"}
     for message in (raw([beat(), decision_obj()]), raw(decision_obj()), raw([decision_obj()])):
         d = decode(message, accept=topic_accepts(topic))

@@ -115,11 +115,12 @@ def test_node_batches_send_each_nodes_samples_with_its_heartbeat():
 
     batched, separate = run(True), run(False)
     beats = [g for g in batched if g[0].event_type == "heartbeat"]
-    # one message per node and interval: the beat, 8 GPU samples, the NIC counters; none after n2 is lost
+    # one message per node and interval: the beat, its 8 GPUs' samples in one columnar event, the NIC counters;
+    # none after n2 is lost
     assert len(beats) == 10 + 10 + 4
-    assert all(sorted({e.event_type for e in g}) == ["gpu_telemetry", "heartbeat", "nic_counters"] and len(g) == 10
-               for g in beats)
+    assert all([e.event_type for e in g] == ["heartbeat", "gpu_samples", "nic_counters"] for g in beats)
+    assert all(g[1].gpus == list(range(8)) for g in beats)
     assert all(len({e.source.node for e in g}) == 1 for g in beats)
     count = lambda groups, t: sum(e.event_type == t for g in groups for e in g)
-    for t in ("heartbeat", "gpu_telemetry", "nic_counters", "iteration_step"):
+    for t in ("heartbeat", "gpu_samples", "nic_counters", "iteration_step"):
         assert count(batched, t) == count(separate, t), t
