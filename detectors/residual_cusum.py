@@ -931,7 +931,9 @@ class ResidualCUSUM(ChangePointDetector):
         if m < 12:
             return
         H = self.history
-        v = np.asarray([self._dev[j % H] for j in range(n - m, n)])
+        a, b = (n - m) % H, n % H
+        dev = self._dev
+        v = np.asarray(dev[a:b] if a < b else dev[a:] + dev[:b])
         found = seasonal_offsets(v, self.season_max, self.season_acf, first=n - m, known=self._period)
         if found is not None and found[0] != self._period:
             self._period, self._season = found
@@ -939,10 +941,17 @@ class ResidualCUSUM(ChangePointDetector):
     # -- input ---------------------------------------------------------------------
     def update(self, x: float, *, t: float) -> None:
         """Add the value ``x`` observed at time ``t`` (seconds)."""
-        x = _check_value(x)
-        t = _check_time(t, "t")
-        self._record(x, t)
+        # the common case (finite floats) without the checkers' calls; anything else goes through them
+        if type(x) is not float or x - x != 0.0:
+            x = _check_value(x)
+        if type(t) is not float or t - t != 0.0:
+            t = _check_time(t, "t")
         n = self._n
+        j = n % self.history
+        self._vals[j] = x
+        self._times[j] = t
+        self._n = n = n + 1
+        self._change = None
         if not self._started:
             if n >= self.min_points:
                 self._start()
