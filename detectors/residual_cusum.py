@@ -2,9 +2,10 @@
 
 One update costs a bounded amount of work (O(1) amortised; at most
 ``max_replay`` values are looked at while a candidate is open or after a
-change, and the segment's last ``history`` values by the test of wander while
-a candidate awaits its verdict), and only scalar Python arithmetic in the
-common case:
+change, the segment's last ``history`` values by the test of wander while
+a candidate awaits its verdict, and its last ``kink_window`` values, every
+``kink_every`` values, by the kink test), and only scalar Python arithmetic in
+the common case:
 
 1. **Forecast.** A robust local model predicts the next value: a local line
    fitted by discounted least squares (Brown's smoothing, memory ``memory``
