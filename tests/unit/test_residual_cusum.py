@@ -83,6 +83,33 @@ def test_silent_on_a_linear_trend_and_a_season(seed):
     assert det.period == 16
 
 
+@pytest.mark.parametrize("scale", [1e-9, 1.0, 3600.0])
+def test_a_sharp_kink_is_a_slope_change_at_its_bend_not_a_scale_change(scale):
+    # a line that bends at 160 (slope 0.02 -> -0.10 per step, noise sd 1): the local line follows the
+    # bend, so the scale CUSUM sees it first, ~30 values late; one bending line explains those errors
+    onsets = []
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        i = np.arange(320)
+        x = scale * (50 + 0.02 * i + np.where(i < 160, 0.0, -0.12 * (i - 160)) + rng.normal(0, 1, 320))
+        out = _feed(ResidualCUSUM(), x)
+        assert len(out) == 1 and out[0][3] == "slope", out
+        onsets.append(out[0][1])
+    assert all(abs(o - 160) <= 12 for o in onsets), onsets
+    assert sum(abs(o - 160) <= 5 for o in onsets) >= 6, onsets  # the benchmark's margin
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_silent_on_a_slowly_curving_trend(seed):
+    # a parabola over the whole series (the "trend" family's curvature, no change point): one bending
+    # line fits a window of it, but a parabola over the segment fits better
+    rng = np.random.default_rng(seed)
+    n = 400
+    i = np.arange(n)
+    x = 10 * i / n + 32 * ((i - n / 2) / n) ** 2 + rng.normal(0, 1, n)
+    assert _feed(ResidualCUSUM(), x) == []
+
+
 def test_silent_on_isolated_heavy_outliers():
     rng = np.random.default_rng(2)
     x = rng.normal(0, 1, 800)
@@ -131,6 +158,11 @@ def test_snapshot_round_trip_mid_series():
 def _steps(levels, n=300, jitter=0.01, seed=0):
     rng = np.random.default_rng(seed)
     return np.concatenate([lv * np.exp(jitter * rng.standard_normal(n)) for lv in levels])
+
+
+def test_failslow_variant_runs_without_the_kink_tests():
+    # a change of slope is no slowdown of its own; the fail-slow figures are those of the detector without them
+    assert ResidualCUSUMVerify()._inner.kink_every == 0
 
 
 def test_failslow_variant_reports_slowdown_and_recovery_and_holds_the_finding():
