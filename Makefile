@@ -35,13 +35,15 @@ chromium:
 	      || echo "chromium could not be installed: the report render test will be skipped"; \
 	  else echo "chromium missing and not installable here (needs root and apt-get): the report render test will be skipped"; fi; }
 
-# The unit tier runs on every core (up to 4): pure and CPU-bound. The integration tier runs alone, one test
-# at a time: its real brokers, workers, agents and torch ranks share the session broker, and a false page
-# on a starved host is what those tests look for.
+# The unit tier runs on every core (up to 4): pure and CPU-bound. Of the integration tier, the files that
+# check rows, outputs and counts run on two workers (a file each, conftest.py's CONCURRENT); the rest run
+# alone, one test at a time: their real workers, agents and torch ranks must not be starved, as a false
+# page on a starved host is what those tests look for.
 test: $(STAMP) chromium
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 tests/unit
-	$(BIN)/python -m pytest -q tests/integration
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m concurrent tests/integration
+	$(BIN)/python -m pytest -q -m "not concurrent" tests/integration
 
 clean:
 	rm -rf $(VENV) .vigil

@@ -39,12 +39,33 @@ KEYRING = Keyring({k: v.encode() for k, v in json.loads(os.environ["VIGIL_DECISI
                   signing_key=next(iter(json.loads(os.environ["VIGIL_DECISION_KEYS"]))))
 
 
+#: Files whose tests may run beside one another (`make test` runs them on two workers before the rest):
+#: they check stored rows, outputs, counts and the CLI's behaviour, never how fast an alert came nor that
+#: none came, and each passed on a host at load 8. Every other file runs alone, one test at a time: its
+#: real agents, ranks and workers must not be starved, as a false page on a starved host is what it looks for.
+CONCURRENT = frozenset({
+    "test_bench_history.py", "test_bench_hooks.py", "test_cli_history.py", "test_cli_node.py", "test_cli_stack.py",
+    "test_cli_tail.py", "test_clustersim_publish.py", "test_cookbook.py", "test_dashboard_queries.py",
+    "test_dead_letters.py", "test_fuzz.py", "test_gpu_samples_history.py", "test_history_analytics.py",
+    "test_history_from_simulator.py", "test_history_insert.py", "test_history_sink.py", "test_integrity_actuator.py",
+    "test_integrity_sink.py", "test_integrity_stack.py", "test_metrics_endpoints.py",
+    "test_notify_alertmanager_stub.py", "test_packaging.py", "test_plugins.py", "test_replay.py",
+    "test_report_render.py", "test_sink_decode_pool.py", "test_sink_store_outage.py",
+})
+
+
 def pytest_collection_modifyitems(config, items):
     # Everything under tests/integration talks to the real broker and ClickHouse.
     here = Path(__file__).parent
+    missing = sorted(name for name in CONCURRENT if not (here / name).is_file())
+    if missing:  # a renamed file would silently move to the serial run
+        raise pytest.UsageError(f"conftest.CONCURRENT names files that do not exist: {missing}")
     for item in items:
-        if here in Path(item.fspath).parents:
+        path = Path(item.fspath)
+        if here in path.parents:
             item.add_marker(pytest.mark.integration)
+            if path.name in CONCURRENT:
+                item.add_marker(pytest.mark.concurrent)
 
 
 @pytest.fixture(scope="session")
