@@ -176,3 +176,21 @@ def test_the_projection_gives_workers_and_memory_from_the_cpu_per_record_and_fro
     # no live CPU figure: the backlog's cost of a record, a worker at full use
     bare = [{k: v for k, v in p.items() if k != "cpu_cores"} for p in points]
     assert project(bare, None, throughput={"1": 40_000}, max_busy=1.0)["100000"]["from_cpu"]["workers"] == 5
+
+
+def test_a_live_fit_that_leaves_no_room_falls_back_to_the_backlog_cost_and_a_falling_rss_to_its_largest():
+    """Hand-made: a worker's cores 0.6 + 10 us per record (its fixed cost alone is over 50 % busy) and an RSS
+    that falls as GPUs grow; the backlog drained 40,000 records/s (25 us each). At 50 % busy a worker takes
+    20,000 records/s, 10,000 GPUs at 2 records per GPU-s: 10 workers for 100,000 GPUs, each at the largest
+    RSS measured (700 MB)."""
+    from vigil.bench.pipeline import project
+
+    points = [{"gpus_per_worker": g, "workers": 1, "records_per_s": 2.0 * g,
+               "cpu_cores": {"worker-0": 0.6 + 10e-6 * 2.0 * g}, "rss_mb": rss}
+              for g, rss in ((10_000, 700.0), (25_000, 600.0))]
+    out = project(points, None, throughput={"1": 40_000})
+    model = out["model"]
+    assert math.isclose(model["worker_cpu_live_fit"]["fixed_cores"], 0.6)
+    assert model["worker_cpu"]["us_per_record"] == 25.0 and model["cpu_gpus_per_worker"] == 10_000
+    assert model["rss_mb"]["base"] == 700.0 and model["rss_mb"]["per_1000_gpus"] == 0.0
+    assert out["100000"]["workers"] == 10 and out["100000"]["rss_gb"] == round(10 * 700 / 1024, 2)

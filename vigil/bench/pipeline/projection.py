@@ -86,15 +86,22 @@ def project(capacity: list[dict[str, Any]], max_gpus: int | None, sizes: tuple[i
     backlog = [v / int(w) for w, v in (throughput or {}).items() if v]
     if backlog:
         model["backlog_us_per_record"] = round(1e6 / max(backlog), 2)
-        if per_record is None:  # no live CPU figure: the backlog's, a worker at full use
+        # no live CPU figure, or a fit whose fixed cost alone leaves no room under max_busy (a few noisy
+        # points say little): the backlog's cost of a record, a worker at full use
+        if per_record is None or (fixed or 0.0) >= max_busy:
+            if per_record is not None:
+                model["worker_cpu_live_fit"] = model.pop("worker_cpu")
             fixed, per_record = 0.0, 1.0 / max(backlog)
             model["worker_cpu"] = {"fixed_cores": 0.0, "us_per_record": round(per_record * 1e6, 2),
                                    "from": "throughput on a backlog (a worker at full use)"}
     rss_pts = [(p["gpus_per_worker"], p["rss_mb"]) for p in pts if p.get("rss_mb")]
     base, slope = _fit(rss_pts) if rss_pts else (None, None)
     if rss_pts:
-        model["rss_mb"] = {"base": round(base, 1), "per_1000_gpus": round(slope * 1000, 2),
-                           "from": f"least squares over {len(rss_pts)} point(s): RSS = base + per GPU x GPUs carried"}
+        how = f"least squares over {len(rss_pts)} point(s): RSS = base + per GPU x GPUs carried"
+        if slope < 0:  # less memory for more GPUs is noise, not a model: the largest RSS measured, per worker
+            base, slope = max(r for _, r in rss_pts), 0.0
+            how = "the largest RSS measured (the fit's slope was negative)"
+        model["rss_mb"] = {"base": round(base, 1), "per_1000_gpus": round(slope * 1000, 2), "from": how}
     out["model"] = model
 
     def memory(workers: int, size: int) -> dict[str, Any]:
