@@ -257,8 +257,7 @@ class GpuDegradation(Detector):
         below ``temp_limit`` and within ``temp_margin`` of the coolest): then :meth:`_apply` would only
         have moved the time. Anything else takes the full path.
         """
-        last = self._last_t
-        if last is None or not t > last or self._active or self._queued or not math.isfinite(t):
+        if not self._may_be_quiet(t):
             return False
         counted, mask, min_util = self._counted, self.throttle_mask, self.min_util
         seen: set[int] = set()
@@ -282,8 +281,16 @@ class GpuDegradation(Detector):
                     clocks.append(clock)
             if s.temperature_c is not None:
                 temps.append(s.temperature_c)
-        if not seen:
-            return False
+        return bool(seen) and self._peers_quiet(clocks, temps, t)
+
+    def _may_be_quiet(self, t: float) -> bool:
+        """A round at ``t`` can be quiet: newer than the last, nothing under way, nothing held."""
+        last = self._last_t
+        return not (last is None or not t > last or self._active or self._queued or not math.isfinite(t))
+
+    def _peers_quiet(self, clocks: list[float], temps: list[float], t: float) -> bool:
+        """No GPU slow or hot among its peers (the busy GPUs' ``clocks``, the ``temps``): then the round
+        only moves the time to ``t``, and this says True."""
         if len(clocks) - 1 >= self.min_peers and min(clocks) < (1.0 - self.clock_rel) * max(clocks):
             return False
         if temps:
@@ -297,8 +304,7 @@ class GpuDegradation(Detector):
 
     def _quiet_columns(self, s: GpuSamples, t: float) -> bool:
         """:meth:`_quiet` on a node's sample in columns, column by column (no object per GPU)."""
-        last = self._last_t
-        if last is None or not t > last or self._active or self._queued or not math.isfinite(t):
+        if not self._may_be_quiet(t):
             return False
         gpus = s.gpus
         n = len(gpus)
@@ -315,17 +321,7 @@ class GpuDegradation(Detector):
         min_util = self.min_util
         util = s.utilization_pct
         clocks = [c for c, u in zip(s.sm_clock_mhz, util or none) if c is not None and (u is None or u >= min_util)]
-        if len(clocks) - 1 >= self.min_peers and min(clocks) < (1.0 - self.clock_rel) * max(clocks):
-            return False
-        temps = [x for x in s.temperature_c if x is not None]
-        if temps:
-            hottest = max(temps)
-            if hottest >= self.temp_limit or (len(temps) - 1 >= self.min_peers and
-                                              hottest - min(temps) > self.temp_margin):
-                return False
-        self._last_t = t
-        self._now = t if self._now is None else max(self._now, t)
-        return True
+        return self._peers_quiet(clocks, [x for x in s.temperature_c if x is not None], t)
 
     def observe(self, item: GpuTelemetry, *, t: float, context: KeyContext | None = None) -> None:
         self.observe_batch([item], t=t, context=context)

@@ -87,7 +87,8 @@ class DetectStage:
 
     def on_message(self, place: Place, value: bytes | None, now: float, replay: bool = False) -> Detected:
         out = Detected()
-        message = decode(value, accept=topic_accepts(place.topic))  # a topic holds only its own event types
+        accepts = topic_accepts(place.topic)
+        message = decode(value, accept=accepts)  # a topic holds only its own event types
         self.events_in[place.topic] = self.events_in.get(place.topic, 0) + len(message.events)
         if not replay:
             out.dead_letters += [dead_letter(err, place.topic, place.partition, place.offset, place.timestamp)
@@ -101,7 +102,6 @@ class DetectStage:
         # a columnar step counts one record per rank, a node's GPU samples in columns one per GPU (records/s
         # stays comparable with per-rank and per-GPU events); a topic holds only its own types (decode refused
         # the rest), so only the topics that may carry columns are looked into
-        accepts = topic_accepts(place.topic)
         if _STEP in accepts:
             out.records = sum(len(ev.ranks) for ev in events)  # type: ignore[attr-defined]
         elif _GPU_SAMPLES in accepts:
