@@ -6,13 +6,15 @@ the symptom (it began before it, within the same run of the job) and still holds
 
 from __future__ import annotations
 
-from vigil.schemas import DetectorFinding, Subject
+from vigil.schemas import DetectorFinding, Subject, to_seconds
 
 TRANSIENT = {"process_exit", "cuda_error", "illegal_memory_access", "software_error", "nccl_timeout",
              "connection_reset", "connection_refused", "network_error"}
 JOB_SYMPTOMS = {"task_hang", "nccl_timeout", "connection_reset", "connection_refused", "network_error",
                 "process_exit", "fail_slow", "straggler", "iteration_period_lost"}
 PEER_SYMPTOMS = {"task_hang", "nccl_timeout", "connection_reset", "connection_refused", "network_error"}
+#: What many nodes silent together (a stalled telemetry path, a partition) can explain: waiting.
+SILENCE_SYMPTOMS = PEER_SYMPTOMS | {"iteration_period_lost"}
 GPU_CAUSES = {"throttle", "clock_below_peers", "temperature_outlier", "ecc_dbe", "ecc_sbe", "nvlink_errors"}
 LINK_CAUSES = {"congestion", "link_flap", "transport_errors"}
 #: A hung job's collective, compared across its ranks' flight recorders: the attributed cause of its hang.
@@ -29,6 +31,13 @@ def subject_key(subject: Subject) -> str:
 
 def _on_job_node(f: DetectorFinding, node: str | None) -> bool:
     return node is not None and (node in f.job_nodes or f.subject.node == node)
+
+
+def _ran_after_silence(lost: DetectorFinding, symptom: DetectorFinding) -> bool:
+    """Did ``symptom`` begin over one heartbeat interval after ``lost``'s last beat (both by the node's clock)?"""
+    interval = lost.evidence.get("interval_s")
+    interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
+    return to_seconds(symptom.onset_time) > to_seconds(lost.onset_time) + interval
 
 
 def explains(cause: DetectorFinding, symptom: DetectorFinding) -> bool:
@@ -51,6 +60,11 @@ def explains(cause: DetectorFinding, symptom: DetectorFinding) -> bool:
         return cause.subject.link == symptom.subject.link
     if c == "node_lost":
         if s == "node_lost":
+            return False
+        if symptom.subject.node == node and s not in PEER_SYMPTOMS and _ran_after_silence(cause, symptom):
+            # The node itself reported it, from after it should have beaten again: it was running then.
+            # A running node's silence (a partition, a stalled telemetry path) makes jobs wait, it does
+            # not crash a GPU or kill a process: what it reported is a fault of its own.
             return False
         return (s in JOB_SYMPTOMS and _on_job_node(symptom, node)) or symptom.subject.node == node
     if c in GPU_CAUSES:

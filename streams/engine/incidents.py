@@ -18,8 +18,16 @@ Many nodes going silent at the same moment share a cause (the telemetry
 path, a switch, the broker) until shown otherwise: from ``silence_group``
 lost nodes with onsets within ``silence_window_s`` of each other, their
 incidents become one ``nodes_silent`` incident (sev2, no node named as the
-culprit); the nodes that come back clear it, and nodes still silent
-``silence_split_s`` after the others returned are handed back one by one.
+culprit), told again at most every ``silence_hold_s`` as nodes join it. It
+explains only waiting (hangs, timeouts): a stalled path crashes nothing, so
+a crash or XID reported meanwhile is its own incident. A hang of one of many
+jobs that stopped together waits for its nodes' news (fast steps time out
+before heartbeats do). When every node is heard again the silence resolves
+and what it explained that still holds (a job still hung) is handed back;
+nodes still silent ``silence_split_s`` after the others returned are handed
+back one by one. A lost node's silence ends when it spoke again, by its own
+clock (a backlog delivers that late), and what it reported from over a beat
+after its last one it was running to report: not the loss's.
 
 Only a cause that held when a finding began explains it: a lost node that came
 back, or a job that ended, takes no later fault into its incident; but what
@@ -56,7 +64,8 @@ from vigil.schemas.evidence import (
     ChainBrokenEvidence, CollectiveStuckEvidence, FailSlowEvidence, NodesSilentEvidence, SilenceEvidence, XidEvidence,
 )
 from vigil.streams.engine.attribution import (  # noqa: F401  (re-exported: the kinds' old home)
-    ANNOTATIONS, COLLECTIVE_STUCK, CRASHES, GPU_CAUSES, JOB_SYMPTOMS, LINK_CAUSES, PEER_SYMPTOMS, TRANSIENT, explains,
+    ANNOTATIONS, COLLECTIVE_STUCK, CRASHES, GPU_CAUSES, JOB_SYMPTOMS, LINK_CAUSES, PEER_SYMPTOMS, SILENCE_SYMPTOMS,
+    TRANSIENT, explains,
     subject_key,
 )
 
@@ -81,6 +90,9 @@ class Incident:
     opened_at: float = 0.0
     last_evidence_at: float = 0.0
     summary: str = ""
+    told_at: float = 0.0  # when its last version was published
+    heard_clear_at: float = 0.0  # when a finding of it was last heard to clear
+    untold: bool = False  # it changed since (a shared silence's nodes are told at most every silence_hold_s)
 
 
 def finding_key(f: DetectorFinding) -> str:
@@ -129,7 +141,8 @@ class Correlator:
 
     def __init__(self, cluster_emitter: str = "vigil-correlate", transient_hold_s: float = 600.0,
                  silence_group: int = 3, silence_window_s: float = 5.0, silence_split_s: float = 30.0,
-                 silence_hold_s: float = 1.5, late_cause_s: float = 60.0, skew_s: float = 5.0) -> None:
+                 silence_hold_s: float = 1.5, late_cause_s: float = 60.0, skew_s: float = 5.0,
+                 node_lost_after_s: float = 3.5) -> None:
         if silence_group < 2:
             raise ValueError(f"silence_group must be >= 2, got {silence_group}")
         if not skew_s >= 0:
@@ -140,6 +153,9 @@ class Correlator:
         self.silence_window_s = silence_window_s
         self.silence_split_s = silence_split_s
         self.silence_hold_s = silence_hold_s
+        #: the longest a node's heartbeat detector takes to tell a loss, from its last beat (2.5 intervals and
+        #: one of delivery delay at the agents' 1 s): how long a hang among many may wait for its nodes' news
+        self.node_lost_after_s = node_lost_after_s
         #: clock skew allowed between the sources of a cause and of what it explains
         self.skew_s = skew_s
         #: lost nodes held back a moment while another is silent: finding key -> (finding, when to open)
@@ -183,6 +199,13 @@ class Correlator:
             shared = self._shared_silence(f, now)
             if shared is not None:
                 return shared
+        if f.kind == "task_hang" and key not in self._held and self._among_many_silent(f):
+            # Many jobs stopped stepping at once: their nodes' silence may be told a moment later (a job's
+            # hang timeout can run out before its nodes' heartbeat timeout); held back that moment, a
+            # shared silence that explains it takes it, and no hang is paged for a stalled telemetry path.
+            due = max(now, to_seconds(f.onset_time) + self.node_lost_after_s) + self.silence_hold_s
+            self._held[key] = (f, due)
+            return []
         return self._place(f, key, now)
 
     def _place(self, f: DetectorFinding, key: str, now: float) -> list[Alert]:
@@ -191,6 +214,8 @@ class Correlator:
         # before its recovery: a node-rooted incident outlives the jobs moved off the node; not a
         # cause that had cleared when it began: a node that came back explains nothing that happens later)
         for inc in self._by_age():
+            if inc.root.kind == NODES_SILENT and f.kind not in SILENCE_SYMPTOMS:
+                continue  # a stalled path or a partition makes jobs wait; it crashes nothing, slows no GPU
             if any(self._explains(m, f) for k, m in inc.members.items()
                    if self._current(m) and self._held_at(inc, k, f)):
                 return self._attach(inc, f, now)
@@ -298,7 +323,8 @@ class Correlator:
             return []  # back before it was told: nothing to say
         for inc in list(self.incidents.values()):
             if key in inc.members:
-                inc.cleared[key] = min(now, to_seconds(f.event_time))  # when its detector saw it end
+                inc.cleared[key] = min(now, to_seconds(f.event_time))  # when it ended, by its detector
+                inc.heard_clear_at = now
                 if self._all_clear(inc, now):
                     return [self._close(inc, now, f"{f.kind} cleared", cleared=True)]
                 return []
@@ -328,7 +354,11 @@ class Correlator:
                 del self._held[key]
                 out += self._place(f, key, now)
         for inc in [i for i in self.incidents.values() if i.root.kind == NODES_SILENT]:
-            out += self._split_silence(inc, now)
+            closed = self._split_silence(inc, now) or self._silence_over(inc, now)
+            if closed:
+                out += closed
+            elif inc.untold and now - inc.told_at >= self.silence_hold_s:
+                out.append(self._alert(inc, "update", now))
         return out
 
     def job_ended(self, job: str, at: float, how: str) -> list[Alert]:
@@ -358,7 +388,7 @@ class Correlator:
         close = lambda m: abs(to_seconds(m.onset_time) - t) <= self.silence_window_s  # noqa: E731
         near = [inc for inc in self._by_age() if inc.root.kind in ("node_lost", NODES_SILENT)
                 and any(close(m) for m in self._silent_nodes(inc).values())]
-        held = {k: m for k, (m, _) in self._held.items() if close(m)}
+        held = {k: m for k, (m, _) in self._held.items() if m.kind == "node_lost" and close(m)}
         nodes = {n for inc in near for n in self._silent_nodes(inc)} | {m.subject.node for m in held.values()} \
             | {f.subject.node}
         if len(nodes) < self.silence_group:
@@ -380,6 +410,7 @@ class Correlator:
                               severity=2, opened_at=now)
             self.incidents[shared.incident_id] = shared
         first_version = shared.version == 0
+        was_silence = shared.root.kind == NODES_SILENT
         for other in [inc for inc in near if inc is not shared]:
             shared.members.update(other.members)
             shared.cleared |= other.cleared
@@ -390,10 +421,23 @@ class Correlator:
         shared.summary = _summary(shared.root)
         for m in held.values():
             self._add_evidence(shared, m, now)
-        alerts = [self._alert(shared, "open" if first_version else "update", now)]
-        alerts += [self._close(o, now, f"merged into incident {shared.incident_id}", merged=True)
-                   for o in near if o is not shared]
-        return alerts
+        merged = [self._close(o, now, f"merged into incident {shared.incident_id}", merged=True)
+                  for o in near if o is not shared]
+        if first_version or not was_silence:
+            return [self._alert(shared, "open" if first_version else "update", now)] + merged
+        # One more node of a silence already told: a thousand nodes falling silent within a second are one
+        # update at the next tick that is silence_hold_s after the last one, not a thousand versions.
+        shared.untold = True
+        return merged
+
+    def _among_many_silent(self, f: DetectorFinding) -> bool:
+        """Are ``silence_group`` jobs silent with ``f``'s, counting none whose silence is told already (a job
+        stopped by its crash, a hang open)?"""
+        peers = set(f.facts.silent_peers) if isinstance(f.facts, SilenceEvidence) else set()
+        if len(peers) + 1 < self.silence_group:
+            return False
+        peers -= {m.subject.job for inc in self.incidents.values() for m in inc.members.values()}
+        return len(peers) + 1 >= self.silence_group
 
     def _split_silence(self, inc: Incident, now: float) -> list[Alert]:
         """Once the others are back, nodes still silent ``silence_split_s`` later are each their own incident."""
@@ -411,6 +455,20 @@ class Correlator:
             self._add_evidence(alone, m, now)
             self.incidents[alone.incident_id] = alone
             out.append(self._alert(alone, "open", now))
+        return out
+
+    def _silence_over(self, inc: Incident, now: float) -> list[Alert]:
+        """Every node of a shared silence is back, for ``silence_hold_s`` (what they sent meanwhile is read by
+        then): it resolves, and what it explained that still holds (a job still hung, a slow job) is handed
+        back, to be an incident of its own or another cause's; crashes and timeouts stay its history."""
+        nodes = [k for k, m in inc.members.items() if m.kind == "node_lost"]
+        if not nodes or any(k not in inc.cleared for k in nodes) or now - inc.heard_clear_at < self.silence_hold_s:
+            return []
+        holding = [(k, m) for k, m in inc.members.items() if m.kind != "node_lost" and k not in inc.cleared
+                   and m.kind not in TRANSIENT and self._current(m)]
+        out = [self._close(inc, now, f"the {len(nodes)} silent nodes came back")]
+        for k, m in holding:
+            out += self._place(m, k, now)
         return out
 
     def _all_clear(self, inc: Incident, now: float) -> bool:
@@ -439,7 +497,8 @@ class Correlator:
     def _close(self, inc: Incident, now: float, why: str, merged: bool = False, cleared: bool = False) -> Alert:
         self.incidents.pop(inc.incident_id, None)
         inc.summary = f"{inc.summary} — resolved: {why}"
-        if cleared:
+        if cleared and inc.root.kind != NODES_SILENT:
+            # (a shared silence is a guess at a cause: a hang found after the nodes came back is its own)
             self._cleared_incidents[inc.incident_id] = (inc, now, why)
         job = inc.root.subject.job
         if job and not merged and any(m.kind == "task_hang" for m in inc.members.values()):
@@ -448,6 +507,7 @@ class Correlator:
 
     def _alert(self, inc: Incident, status: str, now: float) -> Alert:
         inc.version += 1
+        inc.told_at, inc.untold = now, False
         root = inc.root
         return Alert(
             event_id=uuid.uuid5(inc.incident_id, str(inc.version)),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from vigil.schemas import DetectorFinding, Slowdown, Subject, from_seconds
 from vigil.streams.engine.detection import DetectionEngine
 from vigil.streams.engine.incidents import MAX_EVIDENCE, Correlator, explains
@@ -118,6 +120,8 @@ def test_nodes_still_silent_after_the_others_returned_are_handled_one_by_one():
     c = Correlator(silence_split_s=30.0)
     for i in range(4):
         c.on_finding(_lost(f"r{i}", 100.0 + 0.1 * i), 103.0)
+    [told] = c.tick(104.6)  # the fourth, joined after the open, told at the next tick past silence_hold_s
+    assert (told.kind, told.status, told.summary.split()[0]) == ("nodes_silent", "update", "4")
     for i in range(3):  # three come back; r3 stays silent
         c.on_finding(_lost(f"r{i}", 100.0 + 0.1 * i, status="cleared"), 110.0)
     assert c.tick(120.0) == []
@@ -218,3 +222,93 @@ def test_a_symptom_that_began_while_a_cleared_cause_held_joins_its_incident_stil
     [inc] = c.open_incidents()
     assert inc.incident_id == lost.incident_id and {m.kind for m in inc.members.values()} == {
         "node_lost", "nccl_timeout", "task_hang"}
+
+
+def test_a_node_that_reported_a_crash_after_its_silence_began_was_running_its_crash_is_its_own():
+    """A lost node explains the waiting of its jobs, and what it said before it fell silent; a CUDA error or
+    an XID it reported from well after its last beat (delivered late, through a stalled path) it was running
+    to report: a fault of its own, paged as such."""
+    c = Correlator()
+    [lost] = c.on_finding(_lost("n1", 100.0), 103.0)
+    [crash] = c.on_finding(finding("cuda_error", 2, Subject(job="j", node="n1", rank=0), onset=102.5), 103.5)
+    assert (crash.status, crash.kind) == ("open", "cuda_error") and crash.incident_id != lost.incident_id
+    [xid] = c.on_finding(finding("xid", 1, Subject(node="n1", gpu=2), onset=102.0, code=79), 103.6)
+    assert (xid.kind, xid.incident_id) == ("xid", crash.incident_id)  # the GPU fell off the bus: the crash's cause
+    # within a beat of the last one: it may have gone down with the node, which explains it
+    [went] = c.on_finding(finding("process_exit", 2, Subject(job="k", node="n1", rank=3), onset=100.5), 103.7)
+    # a timeout is waiting, whoever reports it and when: the node's
+    timeout = finding("nccl_timeout", 3, Subject(job="k", node="n1", rank=4), onset=102.8, job_nodes=["n1"])
+    [waits] = c.on_finding(timeout, 103.8)
+    assert {(a.incident_id, a.kind, a.status) for a in (went, waits)} == {(lost.incident_id, "node_lost", "update")}
+
+
+def _silence(c, n, onset=100.0, found=103.0, spread=1.0):
+    """``n`` nodes whose beats all stop within ``spread`` s; their losses found as the worker ticks (10 Hz)."""
+    alerts, t = [], found
+    for i in range(n):
+        at = found + spread * i / n
+        while t < at:
+            alerts += c.tick(t)
+            t += 0.1
+        lost = finding("node_lost", 1, Subject(node=f"n{i}"), onset=onset + spread * i / n, interval_s=1.0,
+                       silent_peers=[f"n{k}" for k in range(min(n, 65)) if k != i][:64])  # all quiet by then
+        alerts += c.on_finding(lost, at)
+    return alerts, t
+
+
+def test_a_thousand_nodes_falling_silent_within_a_second_are_a_few_versions_of_one_incident():
+    c = Correlator()
+    alerts, t = _silence(c, 1000)
+    alerts += c.tick(t + 2.0)
+    assert len({a.incident_id for a in alerts}) == 1
+    assert [a.status for a in alerts][0] == "open" and len(alerts) <= 3, [a.status for a in alerts]
+    assert alerts[-1].kind == "nodes_silent" and alerts[-1].summary.startswith("1000 nodes")
+
+
+def test_a_shared_silence_explains_its_jobs_waiting_not_their_crashes():
+    c = Correlator()
+    alerts, t = _silence(c, 8)
+    [silence] = {a.incident_id for a in alerts}
+    hang = finding("task_hang", 2, Subject(job="j"), onset=100.2, job_nodes=["n1", "n2"])
+    [more] = c.on_finding(hang, t)  # waiting on the silent nodes: the silence's evidence
+    assert (more.incident_id, more.kind, more.status) == (silence, "nodes_silent", "update")
+    exit_ = finding("process_exit", 2, Subject(job="k", node="n3", rank=1), onset=100.05, job_nodes=["n3", "n4"])
+    [crash] = c.on_finding(exit_, t + 0.1)  # a path that stalls kills no process, even on a peer's node
+    assert crash.status == "open" and crash.kind == "process_exit" and crash.incident_id != silence
+
+
+def test_when_every_silent_node_is_back_the_silence_resolves_and_a_job_still_hung_is_paged_on_its_own():
+    c = Correlator()
+    alerts, t = _silence(c, 8)
+    stays = finding("task_hang", 2, Subject(job="j"), onset=100.2, job_nodes=["n1"])
+    resumes = finding("task_hang", 2, Subject(job="k"), onset=100.3, job_nodes=["n2"])
+    assert {a.kind for a in c.on_finding(stays, t) + c.on_finding(resumes, t)} <= {"nodes_silent"}
+    for i in range(8):  # the stall ends: every node is heard again, and job k steps again
+        c.on_finding(_lost(f"n{i}", 100.0 + i / 8, status="cleared"), t + 3.0)
+    c.on_finding(resumes.model_copy(update={"status": "cleared", "event_id": uuid.uuid4()}), t + 3.0)
+    assert c.tick(t + 3.5) == []  # a moment for what the nodes sent meanwhile to be read
+    out = c.tick(t + 5.0)
+    assert [(a.kind, a.status) for a in out] == [("nodes_silent", "resolved"), ("task_hang", "open")]
+    assert out[1].subject.job == "j"
+    # a hang found later that began in the silence is not the closed silence's either
+    late = finding("task_hang", 2, Subject(job="m"), onset=100.4, job_nodes=["n5"])
+    [own] = c.on_finding(late, t + 8.0)
+    assert own.status == "open" and own.kind == "task_hang"
+
+
+def test_a_hang_found_before_its_nodes_silence_is_told_waits_for_it_among_many_silent_jobs():
+    """Fast steps time out before heartbeats do: the hang of one of many jobs that stopped together waits
+    for its nodes' news, which then explains it (no page for a stalled telemetry path)."""
+    c = Correlator()
+    peers = [f"job{i}" for i in range(5)]
+    hang = finding("task_hang", 2, Subject(job="j"), onset=99.9, job_nodes=["n1"], silent_peers=peers)
+    assert c.on_finding(hang, 101.5) == []  # held
+    alerts, t = _silence(c, 8)
+    alerts += c.tick(t + 5.0)
+    assert {a.kind for a in alerts} == {"nodes_silent"}, [(a.kind, a.status) for a in alerts]
+    # one job hanging alone is paged at once, whoever else is silent for a reason already told
+    c2 = Correlator()
+    [told] = c2.on_finding(finding("cuda_error", 2, Subject(job="job0", node="x1", rank=0), onset=50.0), 51.0)
+    alone = finding("task_hang", 2, Subject(job="j"), onset=99.9, job_nodes=["n1"], silent_peers=["job0"])
+    [paged] = c2.on_finding(alone, 101.5)
+    assert (paged.kind, paged.status) == ("task_hang", "open")

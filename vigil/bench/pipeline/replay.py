@@ -71,11 +71,13 @@ class Replayed:
 def replay(gpus: int, *, seed: int = 0, faults_per_kind: int = 30, warmup_s: float = 30.0,
            node_loss_gap_s: float = 6.5, kinds: tuple[str, ...] = tuple(KINDS), delivery_s: float = 0.02,
            linger_s: float = 0.1, settle_s: float = 15.0, config: StreamConfig | None = None,
-           load_options: dict[str, Any] | None = None, start: float = 1.8e9) -> Replayed:
+           load_options: dict[str, Any] | None = None, start: float = 1.8e9,
+           stall: tuple[float, float] | None = None) -> Replayed:
     """Play a ``gpus``-GPU cluster with ``faults_per_kind`` faults of each of ``kinds`` through a worker's stages.
 
     ``delivery_s``: from a message leaving its producer to the worker reading it; ``linger_s``: the telemetry
-    producer's batching (the live run's). It stops ``settle_s`` after the last fault ended (as the live run),
+    producer's batching (the live run's). ``stall``: (from, for) seconds after ``start``, the path to the
+    worker stalls (the broker still answers it): what is sent then is read when it ends, all at once. It stops ``settle_s`` after the last fault ended (as the live run),
     when the cluster finishes cleanly (jobs completed, agents leaving), and 5 s later.
     """
     config = config or StreamConfig(bootstrap="-")
@@ -119,7 +121,10 @@ def replay(gpus: int, *, seed: int = 0, faults_per_kind: int = 30, warmup_s: flo
             for m in gen.advance(due):
                 # batched telemetry leaves at the end of its linger window; faults and states at once
                 sent = math.ceil(due / linger_s) * linger_s if m.event_type in _BATCHED and linger_s > 0 else due
-                inflight.append((sent + delivery_s, sent, m))
+                arrives = sent
+                if stall is not None and start + stall[0] <= sent < start + stall[0] + stall[1]:
+                    arrives = start + stall[0] + stall[1]
+                inflight.append((arrives + delivery_s, sent, m))
             continue
         inflight.sort(key=lambda x: x[0])  # stable: each producer's order is kept
         n = 0
