@@ -6,6 +6,8 @@ the symptom (it began before it, within the same run of the job) and still holds
 
 from __future__ import annotations
 
+import math
+
 from vigil.schemas import DetectorFinding, Subject, to_seconds
 
 TRANSIENT = {"process_exit", "cuda_error", "illegal_memory_access", "software_error", "nccl_timeout",
@@ -33,10 +35,18 @@ def _on_job_node(f: DetectorFinding, node: str | None) -> bool:
     return node is not None and (node in f.job_nodes or f.subject.node == node)
 
 
+def _interval(value: object) -> float:
+    """A heartbeat interval from evidence anyone can write: finite, in (0, 60] s, else the agents' 1 s."""
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return 1.0
+    return v if math.isfinite(v) and 0.0 < v <= 60.0 else 1.0
+
+
 def _ran_after_silence(lost: DetectorFinding, symptom: DetectorFinding) -> bool:
     """Did ``symptom`` begin over one heartbeat interval after ``lost``'s last beat (both by the node's clock)?"""
-    interval = lost.evidence.get("interval_s")
-    interval = float(interval) if isinstance(interval, (int, float)) and interval > 0 else 1.0
+    interval = _interval(lost.evidence.get("interval_s"))
     return to_seconds(symptom.onset_time) > to_seconds(lost.onset_time) + interval
 
 

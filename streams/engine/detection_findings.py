@@ -52,7 +52,7 @@ class _FindingDiff:
             df = reported[fkey] = self._raised(key, det, f, subject)
             out.append(df)
         for fkey in [k for k in reported if k not in seen]:
-            out.append(self._cleared(reported.pop(fkey), key.cluster, _ended(det, now)))
+            out.append(self._cleared(reported.pop(fkey), key.cluster, now))
         return out
 
     def _silent_peers(self, key: _Key, det: Detector, now: float, limit: int = 64) -> list[str]:
@@ -94,13 +94,6 @@ class _FindingDiff:
                              raised.affected_jobs, raised.slowdown)
 
     _finding = staticmethod(lambda *a, **k: detector_finding(*a, **k))  # defined below
-
-
-def _ended(det: Detector, now: float) -> float:
-    """When a condition that cleared ended: the detector's own word (``recovered_at``: a lost node's first
-    beat back, by its send time, which a backlog delivers late) where it has one, else now."""
-    ended = getattr(det, "recovered_at", None)
-    return min(now, ended) if isinstance(ended, (int, float)) else now
 
 
 def detector_finding(status: str, kind: str, severity: int, subject: Subject, onset: float, detector: str,

@@ -22,12 +22,15 @@ culprit), told again at most every ``silence_hold_s`` as nodes join it. It
 explains only waiting (hangs, timeouts): a stalled path crashes nothing, so
 a crash or XID reported meanwhile is its own incident. A hang of one of many
 jobs that stopped together waits for its nodes' news (fast steps time out
-before heartbeats do). When every node is heard again the silence resolves
-and what it explained that still holds (a job still hung) is handed back;
-nodes still silent ``silence_split_s`` after the others returned are handed
-back one by one. A lost node's silence ends when it spoke again, by its own
-clock (a backlog delivers that late), and what it reported from over a beat
-after its last one it was running to report: not the loss's.
+before heartbeats do). When every node is heard again, ``silence_hold_s`` later (what they sent
+meanwhile is read by then) the silence resolves, and what it explained that
+still holds beyond its own timeout (a job still hung) is handed back; it
+stays the late cause of timeouts, never of hangs; a node lost again after it
+was heard is a loss of its own; nodes still silent ``silence_split_s`` after
+the others returned are handed back one by one. What a lost node reported
+itself from over a beat after its last one it was running to report: not
+the loss's (a spooled report proves it alive, not reachable: its loss still
+ends when it is heard).
 
 Only a cause that held when a finding began explains it: a lost node that came
 back, or a job that ended, takes no later fault into its incident; but what
@@ -91,7 +94,7 @@ class Incident:
     last_evidence_at: float = 0.0
     summary: str = ""
     told_at: float = 0.0  # when its last version was published
-    heard_clear_at: float = 0.0  # when a finding of it was last heard to clear
+    heard_clear_at: float = 0.0  # when one of its lost nodes was last heard again
     untold: bool = False  # it changed since (a shared silence's nodes are told at most every silence_hold_s)
 
 
@@ -268,6 +271,8 @@ class Correlator:
         for inc, closed_at, why in self._cleared_incidents.values():
             if now - closed_at > self.late_cause_s:
                 continue
+            if inc.root.kind == NODES_SILENT and f.kind not in SILENCE_SYMPTOMS - {"task_hang", "iteration_period_lost"}:
+                continue  # a shared silence is a guess at a cause: a job found hung after it is its own
             if any(self._explains(m, f) for k, m in inc.members.items() if k in inc.cleared and self._current(m)
                    and self._held_at(inc, k, f)):
                 inc.members[key] = f
@@ -324,8 +329,9 @@ class Correlator:
         for inc in list(self.incidents.values()):
             if key in inc.members:
                 inc.cleared[key] = min(now, to_seconds(f.event_time))  # when it ended, by its detector
-                inc.heard_clear_at = now
-                if self._all_clear(inc, now):
+                if f.kind == "node_lost":
+                    inc.heard_clear_at = now
+                if inc.root.kind != NODES_SILENT and self._all_clear(inc, now):
                     return [self._close(inc, now, f"{f.kind} cleared", cleared=True)]
                 return []
         return []
@@ -344,7 +350,7 @@ class Correlator:
         """Resolve incidents whose findings have all cleared or expired; split long silences; open the
         lost nodes held back that no third one joined."""
         out = [self._close(inc, now, "no new evidence", cleared=True) for inc in list(self.incidents.values())
-               if self._all_clear(inc, now)]
+               if inc.root.kind != NODES_SILENT and self._all_clear(inc, now)]
         for job in [j for j, (_, at, _) in self._closed_hangs.items() if now - at > self.late_cause_s]:
             del self._closed_hangs[job]
         for iid in [i for i, (_, at, _) in self._cleared_incidents.items() if now - at > self.late_cause_s]:
@@ -352,7 +358,8 @@ class Correlator:
         for key, (f, due) in list(self._held.items()):
             if now >= due:
                 del self._held[key]
-                out += self._place(f, key, now)
+                if self._current(f):  # not of a job that recovered or ended while it was held
+                    out += self._place(f, key, now)
         for inc in [i for i in self.incidents.values() if i.root.kind == NODES_SILENT]:
             closed = self._split_silence(inc, now) or self._silence_over(inc, now)
             if closed:
@@ -387,7 +394,8 @@ class Correlator:
         t = to_seconds(f.onset_time)
         close = lambda m: abs(to_seconds(m.onset_time) - t) <= self.silence_window_s  # noqa: E731
         near = [inc for inc in self._by_age() if inc.root.kind in ("node_lost", NODES_SILENT)
-                and any(close(m) for m in self._silent_nodes(inc).values())]
+                and any(close(m) for m in self._silent_nodes(inc).values())
+                and not self._heard_since(inc, f.subject.node)]
         held = {k: m for k, (m, _) in self._held.items() if m.kind == "node_lost" and close(m)}
         nodes = {n for inc in near for n in self._silent_nodes(inc)} | {m.subject.node for m in held.values()} \
             | {f.subject.node}
@@ -430,6 +438,11 @@ class Correlator:
         shared.untold = True
         return merged
 
+    @staticmethod
+    def _heard_since(inc: Incident, node: str | None) -> bool:
+        """Was ``node`` lost in ``inc`` and heard again since? Lost once more, that is a loss of its own."""
+        return any(m.kind == "node_lost" and m.subject.node == node and k in inc.cleared for k, m in inc.members.items())
+
     def _among_many_silent(self, f: DetectorFinding) -> bool:
         """Are ``silence_group`` jobs silent with ``f``'s, counting none whose silence is told already (a job
         stopped by its crash, a hang open)?"""
@@ -466,6 +479,10 @@ class Correlator:
             return []
         holding = [(k, m) for k, m in inc.members.items() if m.kind != "node_lost" and k not in inc.cleared
                    and m.kind not in TRANSIENT and self._current(m)]
+        # A job that runs steps again within its own timeout of being heard: its steps may be read later
+        # than its nodes' beats (another topic, a busy worker); only one still silent after that is hung.
+        if any(now - inc.heard_clear_at < self.silence_hold_s + _timeout_s(m) for _, m in holding):
+            return []
         out = [self._close(inc, now, f"the {len(nodes)} silent nodes came back")]
         for k, m in holding:
             out += self._place(m, k, now)
@@ -497,8 +514,7 @@ class Correlator:
     def _close(self, inc: Incident, now: float, why: str, merged: bool = False, cleared: bool = False) -> Alert:
         self.incidents.pop(inc.incident_id, None)
         inc.summary = f"{inc.summary} — resolved: {why}"
-        if cleared and inc.root.kind != NODES_SILENT:
-            # (a shared silence is a guess at a cause: a hang found after the nodes came back is its own)
+        if cleared or inc.root.kind == NODES_SILENT:
             self._cleared_incidents[inc.incident_id] = (inc, now, why)
         job = inc.root.subject.job
         if job and not merged and any(m.kind == "task_hang" for m in inc.members.values()):
@@ -529,6 +545,13 @@ class Correlator:
             jobs=_jobs(inc),
             slowdowns=_slowdowns(inc),
         )
+
+
+def _timeout_s(f: DetectorFinding) -> float:
+    """The silence a finding's detector waited (a hang's learned timeout), at most an hour; 0 if none."""
+    ev = f.facts
+    t = ev.timeout_s if isinstance(ev, SilenceEvidence) else None
+    return min(float(t), 3600.0) if t is not None and t == t and t > 0 else 0.0
 
 
 def _jobs(inc: Incident) -> dict[str, list[str]]:

@@ -104,6 +104,8 @@ def test_many_nodes_silent_together_are_one_incident_with_a_shared_cause_that_re
     assert alerts[-1].subject.node is None  # no node is the culprit
     for i in range(8):
         alerts += c.on_finding(_lost(f"r{i}", 100.0 + 0.12 * i, status="cleared"), 120.0)
+    assert c.tick(121.0) == []  # a moment for what they sent meanwhile to be read
+    alerts += c.tick(121.6)
     assert alerts[-1].status == "resolved"
 
 
@@ -277,23 +279,86 @@ def test_a_shared_silence_explains_its_jobs_waiting_not_their_crashes():
     assert crash.status == "open" and crash.kind == "process_exit" and crash.incident_id != silence
 
 
+def _hang(job, onset, nodes, timeout_s=3.0, **ev):
+    return finding("task_hang", 2, Subject(job=job), onset=onset, job_nodes=nodes, timeout_s=timeout_s,
+                   silence_s=timeout_s + 0.1, **ev)
+
+
+def _members(c, job):
+    return [inc.root.kind for inc in c.open_incidents() if any(m.subject.job == job for m in inc.members.values())]
+
+
 def test_when_every_silent_node_is_back_the_silence_resolves_and_a_job_still_hung_is_paged_on_its_own():
+    """A job heard stepping again within its own timeout of its nodes' return was only unheard; one still
+    silent after that is hung: its own incident, once the silence resolved."""
     c = Correlator()
     alerts, t = _silence(c, 8)
-    stays = finding("task_hang", 2, Subject(job="j"), onset=100.2, job_nodes=["n1"])
-    resumes = finding("task_hang", 2, Subject(job="k"), onset=100.3, job_nodes=["n2"])
-    assert {a.kind for a in c.on_finding(stays, t) + c.on_finding(resumes, t)} <= {"nodes_silent"}
-    for i in range(8):  # the stall ends: every node is heard again, and job k steps again
-        c.on_finding(_lost(f"n{i}", 100.0 + i / 8, status="cleared"), t + 3.0)
-    c.on_finding(resumes.model_copy(update={"status": "cleared", "event_id": uuid.uuid4()}), t + 3.0)
-    assert c.tick(t + 3.5) == []  # a moment for what the nodes sent meanwhile to be read
-    out = c.tick(t + 5.0)
-    assert [(a.kind, a.status) for a in out] == [("nodes_silent", "resolved"), ("task_hang", "open")]
-    assert out[1].subject.job == "j"
+    stays, resumes = _hang("j", 100.2, ["n1"]), _hang("k", 100.3, ["n2"])
+    c.on_finding(stays, t)
+    c.on_finding(resumes, t)
+    assert _members(c, "j") == _members(c, "k") == ["nodes_silent"]  # waiting on the silent nodes
+    back = t + 3.0
+    for i in range(8):  # the stall ends: every node is heard again
+        c.on_finding(_lost(f"n{i}", 100.0 + i / 8, status="cleared"), back)
+    out = []
+    for k in range(1, 60):  # job k's steps are read 2 s after its nodes' beats (another topic, a busy worker)
+        if k == 20:
+            out += c.on_finding(resumes.model_copy(update={"status": "cleared", "event_id": uuid.uuid4()}), back + 2.0)
+        out += c.tick(back + 0.1 * k)
+    assert [(a.kind, a.status, a.subject.job) for a in out] == [
+        ("nodes_silent", "resolved", None), ("task_hang", "open", "j")]
     # a hang found later that began in the silence is not the closed silence's either
-    late = finding("task_hang", 2, Subject(job="m"), onset=100.4, job_nodes=["n5"])
-    [own] = c.on_finding(late, t + 8.0)
+    [own] = c.on_finding(_hang("m", 100.4, ["n5"]), back + 8.0)
     assert own.status == "open" and own.kind == "task_hang"
+    # but a peer's timeout that the silence made, read late, still is (no page of its own)
+    timeout = finding("nccl_timeout", 3, Subject(job="p", rank=1, node="n9"), onset=101.0, job_nodes=["n3", "n9"])
+    assert [a.status for a in c.on_finding(timeout, back + 9.0)] == ["resolved"]
+
+
+def test_partition_timeouts_read_just_after_the_nodes_beats_are_the_silences():
+    c = Correlator()
+    alerts, t = _silence(c, 8)
+    for i in range(8):  # agents that spooled through a partition: beats first, then their ranks' timeouts
+        back = _lost(f"n{i}", 100.0 + i / 8, status="cleared").model_copy(update={"event_time": from_seconds(170.0)})
+        c.on_finding(back, 170.0)  # the engine clears a loss when it hears the node (a partition: not before)
+    out = []
+    for j in range(4):
+        timeout = finding("nccl_timeout", 3, Subject(job=f"j{j}", rank=0, node=f"n{j}"), onset=160.0,
+                          job_nodes=[f"n{j}", f"n{j + 4}"])
+        out += c.on_finding(timeout, 170.2)
+    out += c.tick(172.0)
+    assert {(a.kind, a.status) for a in out} == {("nodes_silent", "update"), ("nodes_silent", "resolved")}
+
+
+def test_a_node_lost_again_after_it_was_heard_in_a_silence_is_a_loss_of_its_own():
+    c = Correlator()
+    alerts, t = _silence(c, 8)
+    for i in range(6):  # the backlog: six nodes heard again; n5 had beaten only briefly after the stall began
+        c.on_finding(_lost(f"n{i}", 100.0 + i / 8, status="cleared"), 106.0)
+    again = finding("node_lost", 1, Subject(node="n5"), onset=103.0, interval_s=1.0, silent_peers=["n6", "n7"])
+    out = c.on_finding(again, 106.05)
+    for i in (6, 7):
+        out += c.on_finding(_lost(f"n{i}", 100.0 + i / 8, status="cleared"), 106.1)
+    for k in range(1, 30):
+        out += c.tick(106.1 + 0.1 * k)
+    assert ("node_lost", "open", "n5") in [(a.kind, a.status, a.subject.node) for a in out]
+
+
+def test_a_held_hang_of_a_job_that_ended_meanwhile_is_its_past():
+    c = Correlator()
+    assert c.on_finding(_hang("j", 99.9, ["n1"], silent_peers=[f"job{i}" for i in range(5)]), 101.5) == []
+    c.job_ended("j", 102.0, "cancelled")
+    assert c.tick(106.0) == [] and c.open_incidents() == []
+
+
+def test_hostile_heartbeat_intervals_in_evidence_neither_crash_nor_switch_the_rule_off():
+    for bad in (10**400, float("inf"), float("nan"), -1.0, "x", None, 1e308):
+        c = Correlator()
+        lost = DetectorFinding.model_validate_json(
+            finding("node_lost", 1, Subject(node="n1"), onset=100.0, interval_s=bad).model_dump_json())
+        c.on_finding(lost, 103.0)
+        [xid] = c.on_finding(finding("xid", 1, Subject(node="n1", gpu=0), onset=105.0, code=79), 106.0)
+        assert (xid.status, xid.kind) == ("open", "xid"), bad
 
 
 def test_a_hang_found_before_its_nodes_silence_is_told_waits_for_it_among_many_silent_jobs():
@@ -301,14 +366,16 @@ def test_a_hang_found_before_its_nodes_silence_is_told_waits_for_it_among_many_s
     for its nodes' news, which then explains it (no page for a stalled telemetry path)."""
     c = Correlator()
     peers = [f"job{i}" for i in range(5)]
-    hang = finding("task_hang", 2, Subject(job="j"), onset=99.9, job_nodes=["n1"], silent_peers=peers)
+    hang = _hang("j", 99.9, ["n1"], silent_peers=peers)
     assert c.on_finding(hang, 101.5) == []  # held
     alerts, t = _silence(c, 8)
     alerts += c.tick(t + 5.0)
     assert {a.kind for a in alerts} == {"nodes_silent"}, [(a.kind, a.status) for a in alerts]
+    assert _members(c, "j") == ["nodes_silent"]
     # one job hanging alone is paged at once, whoever else is silent for a reason already told
     c2 = Correlator()
-    [told] = c2.on_finding(finding("cuda_error", 2, Subject(job="job0", node="x1", rank=0), onset=50.0), 51.0)
-    alone = finding("task_hang", 2, Subject(job="j"), onset=99.9, job_nodes=["n1"], silent_peers=["job0"])
+    for k in range(3):
+        c2.on_finding(finding("cuda_error", 2, Subject(job=f"job{k}", node=f"x{k}", rank=0), onset=50.0), 51.0)
+    alone = _hang("j", 99.9, ["n1"], silent_peers=["job0", "job1", "job2"])
     [paged] = c2.on_finding(alone, 101.5)
     assert (paged.kind, paged.status) == ("task_hang", "open")
