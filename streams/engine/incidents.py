@@ -76,6 +76,9 @@ _INCIDENT_NS = uuid.UUID("0b6c1a52-8f0e-4a43-9d4b-6b8f3e1f2a90")
 MAX_EVIDENCE = 100
 #: Many nodes silent together: one incident, a shared cause.
 NODES_SILENT = "nodes_silent"
+#: What a shared silence that closed is still the late cause of: the timeouts it made (a job found hung
+#: after it is its own).
+SILENCE_AFTERMATH = SILENCE_SYMPTOMS - {"task_hang", "iteration_period_lost"}
 #: What the flight recorders say of a hang: heard late, it still belongs to the hang's closed incident.
 LATE_CAUSES = {COLLECTIVE_STUCK} | ANNOTATIONS
 
@@ -271,8 +274,8 @@ class Correlator:
         for inc, closed_at, why in self._cleared_incidents.values():
             if now - closed_at > self.late_cause_s:
                 continue
-            if inc.root.kind == NODES_SILENT and f.kind not in SILENCE_SYMPTOMS - {"task_hang", "iteration_period_lost"}:
-                continue  # a shared silence is a guess at a cause: a job found hung after it is its own
+            if inc.root.kind == NODES_SILENT and f.kind not in SILENCE_AFTERMATH:
+                continue  # a shared silence is a guess at a cause
             if any(self._explains(m, f) for k, m in inc.members.items() if k in inc.cleared and self._current(m)
                    and self._held_at(inc, k, f)):
                 inc.members[key] = f
@@ -475,7 +478,7 @@ class Correlator:
         then): it resolves, and what it explained that still holds (a job still hung, a slow job) is handed
         back, to be an incident of its own or another cause's; crashes and timeouts stay its history."""
         nodes = [k for k, m in inc.members.items() if m.kind == "node_lost"]
-        if not nodes or any(k not in inc.cleared for k in nodes) or now - inc.heard_clear_at < self.silence_hold_s:
+        if not nodes or self._silent_nodes(inc) or now - inc.heard_clear_at < self.silence_hold_s:
             return []
         holding = [(k, m) for k, m in inc.members.items() if m.kind != "node_lost" and k not in inc.cleared
                    and m.kind not in TRANSIENT and self._current(m)]

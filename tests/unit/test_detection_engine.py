@@ -289,4 +289,3 @@ def test_a_node_whose_beats_arrive_late_is_not_lost_and_one_that_stops_is():
         engine.heard(now)
         lost = [f for f in engine.tick(now) if f.kind == "node_lost" and f.status == "raised"]
     assert lost and t + 2.5 + 1.0 < now <= t + 2.5 + 1.0 + 0.05 + 1e-9  # the delay allowed: at most 1 interval
-

@@ -77,8 +77,9 @@ def replay(gpus: int, *, seed: int = 0, faults_per_kind: int = 30, warmup_s: flo
 
     ``delivery_s``: from a message leaving its producer to the worker reading it; ``linger_s``: the telemetry
     producer's batching (the live run's). ``stall``: (from, for) seconds after ``start``, the path to the
-    worker stalls (the broker still answers it): what is sent then is read when it ends, all at once. It stops ``settle_s`` after the last fault ended (as the live run),
-    when the cluster finishes cleanly (jobs completed, agents leaving), and 5 s later.
+    worker stalls (the broker still answers it): what is sent then is read when it ends, all at once. It
+    stops ``settle_s`` after the last fault ended (as the live run), when the cluster finishes cleanly (jobs
+    completed, agents leaving), and 5 s later.
     """
     config = config or StreamConfig(bootstrap="-")
     from vigil.streams.worker import TELEMETRY
