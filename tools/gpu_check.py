@@ -99,7 +99,8 @@ def nvml_read() -> dict[str, Any]:
     gpus = []
     for s in samples:
         d = s.model_dump(mode="json")
-        gpus.append({"gpu": s.source.gpu, **{k: d.get(k) for k in keep if k in d},
+        # a node's sample in columns names its GPUs in ``gpus`` (source.gpu stays unset)
+        gpus.append({"gpu": s.source.gpu if s.source.gpu is not None else d.get("gpus"), **{k: d.get(k) for k in keep if k in d},
                      "unset": sorted(k for k in keep if k in d and d[k] is None)})
     return {"gpus": len(samples), "read_ms": round(read_ms, 2), "per_gpu": gpus, "xid_events": len(xids),
             "problems": problems}
@@ -220,12 +221,13 @@ def allreduce_timing(torch: Any, dist: Any, sizes_mb: list[int], iters: int, dev
                     "for the same call"}
 
 
-def hooks_overhead(torch: Any, dist: Any, steps: int = 400, block: int = 20, device: str = "cuda") -> dict[str, Any]:
+def hooks_overhead(torch: Any, dist: Any, steps: int = 400, block: int = 20, device: str = "cuda",
+                   n: int | None = None) -> dict[str, Any]:
     from vigil.bench.abtest import ab_overhead
     from vigil.producers.training import CallbackSink, TrainingMonitor
 
     op, _ = _op(dist)
-    n = 4096 if device == "cuda" else 256
+    n = n or (4096 if device == "cuda" else 256)  # the matmuls' size: the step's length (the hooks' cost is per step)
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16 if device == "cuda" else torch.float32)
     g = torch.ones(16 * 2**20 if device == "cuda" else 2**16, device=device, dtype=torch.float32)  # 64 MB of "gradients"
     mon = TrainingMonitor(CallbackSink(lambda events: None), job="gpu-check", rank=0, timing="auto")
@@ -278,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes-mb", default="1,4,16,64,256")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--overhead-steps", type=int, default=400)
+    ap.add_argument("--overhead-n", type=int, default=None,
+                    help="side of the overhead step's square matmuls (default 4096: a step under 1 ms on an H100; "
+                         "16384 gives tens of ms, a real step's order)")
     ap.add_argument("--json", default=None, help="also write the summary here")
     ap.add_argument("--cpu", action="store_true", help="run the code on the CPU with gloo (checks the script only)")
     a = ap.parse_args(argv)
@@ -315,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                              f"{type(exc).__name__}: {exc}"}
     if dist is not None:
         timed("allreduce", lambda: allreduce_timing(torch, dist, sizes, a.iters, device))
-        timed("overhead", lambda: hooks_overhead(torch, dist, a.overhead_steps, device=device))
+        timed("overhead", lambda: hooks_overhead(torch, dist, a.overhead_steps, device=device, n=a.overhead_n))
         dist.destroy_process_group()
     summary["ok"] = all(summary[k].get("ok") for k in ("nvml", "allreduce", "overhead"))
     summary["elapsed_s"] = round(time.perf_counter() - t_start, 1)
