@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import uuid
 
+import pytest
+
 from vigil.bench.pipeline import MIN_P99_SAMPLES, match, merge, percentile, quantile_ci, summarize, targets_met
 from vigil.schemas import Alert, Source, Subject, from_seconds
 from vigil.sim.load import Injection
@@ -194,3 +196,118 @@ def test_a_live_fit_that_leaves_no_room_falls_back_to_the_backlog_cost_and_a_fal
     assert model["worker_cpu"]["us_per_record"] == 25.0 and model["cpu_gpus_per_worker"] == 10_000
     assert model["rss_mb"]["base"] == 700.0 and model["rss_mb"]["per_1000_gpus"] == 0.0
     assert out["100000"]["workers"] == 10 and out["100000"]["rss_gb"] == round(10 * 700 / 1024, 2)
+
+
+def _run(rows, seed, records_per_s=1000, measured_s=100.0, rss_mb=300.0, **extra):
+    """A hand-made run of one point: live()'s keys that combine_runs reads."""
+    return {"gpus_per_worker": 5000, "gpus": 5000, "workers": 1, "seed": seed, "faults_per_kind": 50,
+            "faults": rows, "measured_s": measured_s, "records_per_s": records_per_s, "rss_mb": rss_mb, **extra}
+
+
+def _delays(kind, delays, **row):
+    return [{"kind": kind, "delay_s": d, "incidents": 0 if d is None else 1, **row} for d in delays]
+
+
+def test_the_faults_of_a_point_are_split_ceil_each_and_the_remainder_last():
+    from vigil.bench.pipeline import split_faults
+
+    assert split_faults(100, 3) == [34, 34, 32] and split_faults(100, 4) == [25] * 4 and split_faults(7, 1) == [7]
+    with pytest.raises(ValueError):
+        split_faults(5, 4)  # 2, 2, 2 leave the last run nothing
+
+
+def test_runs_of_a_point_pool_their_faults_for_one_p99():
+    """Two runs of 50 exception faults, delays 1..50 ms and 51..100 ms: no run alone has a p99 (50 < 100),
+    the point has the 99th of the 100 pooled, 0.099 s (not the largest, 0.100)."""
+    from vigil.bench.pipeline import combine_runs
+
+    point = combine_runs([_run(_delays("exception", [i / 1000 for i in range(1, 51)]), 0),
+                          _run(_delays("exception", [i / 1000 for i in range(51, 101)]), 1000)])
+    lat = point["latency"]["exception"]
+    assert (lat["p99"], lat["p50"], lat["n"], lat["missed"]) == (0.099, 0.05, 100, 0)
+    assert point["targets"]["exception"] and point["runs_per_point"] == 2
+    assert [f["run"] for f in point["faults"]] == [0] * 50 + [1] * 50
+    assert [(r["seed"], r["latency"]["exception"]["max"]) for r in point["runs"]] == [(0, 0.05), (1000, 0.1)]
+    assert all("faults" not in r for r in point["runs"])
+
+
+def test_a_miss_in_one_run_is_a_miss_of_the_point():
+    from vigil.bench.pipeline import combine_runs
+
+    point = combine_runs([_run(_delays("exception", [0.01] * 50), 0),
+                          _run(_delays("exception", [0.01] * 49 + [None]), 1000)])
+    lat = point["latency"]["exception"]
+    assert (lat["n"], lat["missed"], lat["p99"]) == (100, 1, 0.01)  # the miss is the 100th value, past the p99
+    assert not point["targets"]["exception"] and not point["targets_met"]
+    assert [r["latency"]["exception"]["missed"] for r in point["runs"]] == [0, 1]
+
+
+def test_runs_combine_rates_over_total_time_the_largest_rss_and_time_weighted_cores():
+    """1,000 records/s for 100 s and 3,000 for 300 s: 1,000,000 records in 400 s, 2,500/s (the mean of the
+    rates would be 2,000); a worker at 0.2 core then 0.6: 0.5 over the 400 s."""
+    from vigil.bench.pipeline import combine_runs, merge
+
+    rows = _delays("exception", [0.01] * 50)
+    point = combine_runs([
+        _run(rows, 0, 1000, 100.0, 300.0, cpu_cores={"worker-0": 0.2, "broker": 0.1}, worker_busy_share=[0.1],
+             worker_cpu_us_per_record=200.0, broker_rss_mb=500.0, generator_late_s={"p99": 0.01, "max": 0.2},
+             unexplained_incidents={"xid": 1}, faults_injected={"exception": 50}, lag_p99_s=0.5, lag_max_s=1.0),
+        _run(rows, 1000, 3000, 300.0, 700.0, cpu_cores={"worker-0": 0.6, "broker": 0.3}, worker_busy_share=[0.5],
+             worker_cpu_us_per_record=200.0, broker_rss_mb=900.0, generator_late_s={"p99": 0.03, "max": 0.1},
+             unexplained_incidents={"xid": 2, "task_hang": 1}, faults_injected={"exception": 50},
+             lag_p99_s=2.0, lag_max_s=3.0)])
+    assert point["records_per_s"] == 2500 and point["measured_s"] == 400.0
+    assert point["rss_mb"] == 700.0 and point["broker_rss_mb"] == 900.0
+    assert point["cpu_cores"] == {"worker-0": 0.5, "broker": 0.25} and point["worker_busy_share"] == [0.4]
+    assert point["worker_cpu_us_per_record"] == 200.0
+    assert point["generator_late_s"]["max"] == 0.2
+    assert point["unexplained_incidents"] == {"xid": 3, "task_hang": 1}
+    assert point["faults_injected"]["exception"] == 100
+    # no histograms: the largest of the runs' lag figures, and said so
+    assert (point["lag_p99_s"], point["lag_max_s"], point["lag_pooled"]) == (2.0, 3.0, False)
+    # merge takes a combined point as it takes one run's
+    merged = merge([{"command": "x", "throughput": {}, "capacity": [point], "machine": {}, "wall_s": 1.0}])
+    assert merged["capacity"] == [point] and merged["max_gpus_per_worker_meeting_targets"] is None
+
+
+def test_runs_pool_their_lag_histograms():
+    """Run 0: 50 messages 100 ms late; run 1: 49 at 200 ms, 1 at 9 s. Pooled, the 50th of 100 is 0.1 s and the 99th 0.2 s;
+    run 1 alone has 9 s as its p99 (the 50th of 50), which the largest of the runs' p99s would report."""
+    from vigil.bench.pipeline import combine_runs
+
+    rows = _delays("exception", [0.01] * 50)
+    point = combine_runs([_run(rows, 0, lag_ms=[{100: 50}], lag_p99_s=0.1),
+                          _run(rows, 1000, lag_ms=[{"200": 49, "9000": 1}], lag_p99_s=9.0)])  # JSON's string keys
+    assert point["lag"] == [{"p50_s": 0.1, "p99_s": 0.2, "max_s": 9.0, "messages": 100}]
+    assert (point["lag_p99_s"], point["lag_max_s"], point["lag_pooled"]) == (0.2, 9.0, True)
+    assert [r["lag_p99_s"] for r in point["runs"]] == [0.1, 9.0]
+
+
+def _all_kinds_on_target(n):
+    rows = []
+    for kind in ("exception", "process_exit", "xid"):
+        rows += _delays(kind, [0.1] * n)
+    rows += _delays("node_lost", [1.0] * n)
+    rows += _delays("hang", [3.5] * n, excess_s=0.5, d_iter=1.0)
+    rows += _delays("fail_slow", [4.0] * n, iterations=2.0, job_iterations=3.0)
+    return rows
+
+
+def test_a_run_stopped_early_fails_the_point_whose_pooled_faults_meet_every_target():
+    from vigil.bench.pipeline import combine_runs
+
+    whole = combine_runs([_run(_all_kinds_on_target(50), 0), _run(_all_kinds_on_target(50), 1000)])
+    assert all(whole["targets"].values()) and whole["targets_met"]  # 100 of each kind: every p99 within target
+    stopped = combine_runs([_run(_all_kinds_on_target(50), 0),
+                            _run(_all_kinds_on_target(50), 1000, stopped_early="a worker read 61 s behind")])
+    assert all(stopped["targets"].values()) and not stopped["targets_met"]
+    assert stopped["stopped_early"] == "run 1: a worker read 61 s behind"
+    assert [r["stopped_early"] for r in stopped["runs"]] == [None, "a worker read 61 s behind"]
+
+
+def test_the_pipeline_command_names_its_runs_per_point():
+    from vigil.bench.command import reproducing_command
+    from vigil.bench.pipeline import CLI_OPTIONS, run
+
+    line = reproducing_command(run, {"json_path": "p.json", "runs_per_point": 4}, "vigil bench pipeline", CLI_OPTIONS)
+    assert line.startswith("vigil bench pipeline --json p.json") and " --runs-per-point 4 " in line

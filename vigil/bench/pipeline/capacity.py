@@ -2,8 +2,10 @@
 :func:`merge` (one result from several shorter runs).
 
 **Capacity**: :func:`~vigil.bench.pipeline.live.live` at increasing ``N`` until
-a target breaks; the largest ``N`` holding every target; the projection of
-workers and memory for 100k and 1M GPUs (:mod:`vigil.bench.pipeline.projection`).
+a target breaks (a point measured in one run, or in ``runs_per_point`` shorter
+ones combined by :mod:`vigil.bench.pipeline.runs`); the largest ``N`` holding
+every target; the projection of workers and memory for 100k and 1M GPUs
+(:mod:`vigil.bench.pipeline.projection`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from vigil.bench.command import reproducing_command
 from vigil.bench.machine import machine_info, measured
 from vigil.bench.pipeline.live import live
 from vigil.bench.pipeline.projection import project
+from vigil.bench.pipeline.runs import combine_runs, run_seed, split_faults
 from vigil.bench.pipeline.throughput import throughput
 
 __all__ = ["CLI_OPTIONS", "merge", "run"]
@@ -24,15 +27,16 @@ __all__ = ["CLI_OPTIONS", "merge", "run"]
 #: ``run`` arguments that ``vigil bench pipeline`` takes, and its options.
 CLI_OPTIONS = {"load_gpus": "--load-gpus", "workers": "--workers", "faults_per_kind": "--faults-per-kind",
                "throughput_workers": "--throughput-workers", "throughput_gpus": "--throughput-gpus",
-               "throughput_seconds": "--throughput-seconds", "seed": "--seed",
+               "throughput_seconds": "--throughput-seconds", "seed": "--seed", "runs_per_point": "--runs-per-point",
                "stop_at_first_miss": "--stop-at-first-miss/--keep-going"}
 
 
 def run(json_path: str | None, load_gpus: tuple[int, ...] = (2000, 5000, 10_000, 25_000, 50_000), workers: int = 1,
         faults_per_kind: int = 100, throughput_workers: tuple[int, ...] = (1, 2), throughput_gpus: int = 25_000,
         throughput_seconds: float = 120.0, seed: int = 0, stop_at_first_miss: bool = True,
-        progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+        progress: Callable[[str], Any] | None = None, runs_per_point: int = 1) -> dict[str, Any]:
     command = reproducing_command(run, dict(locals()), "vigil bench pipeline", CLI_OPTIONS)
+    split_faults(faults_per_kind, runs_per_point)  # a split that leaves a run no fault fails now, not after throughput
     started = time.time()
     result: dict[str, Any] = {"command": command, "throughput": {}, "throughput_detail": {}, "capacity": []}
     with measured(result.setdefault("machine", {})):
@@ -42,7 +46,7 @@ def run(json_path: str | None, load_gpus: tuple[int, ...] = (2000, 5000, 10_000,
             result["throughput_detail"][str(w)] = detail
             _write(json_path, result, started)
         for gpus in sorted(load_gpus):
-            point = live(gpus * workers, workers=workers, faults_per_kind=faults_per_kind, seed=seed, progress=progress)
+            point = _point(gpus, workers, faults_per_kind, seed, runs_per_point, progress)
             result["capacity"].append(point)
             _write(json_path, result, started)
             if stop_at_first_miss and not point["targets_met"]:
@@ -53,6 +57,27 @@ def run(json_path: str | None, load_gpus: tuple[int, ...] = (2000, 5000, 10_000,
                                   throughput=result["throughput"])
     _write(json_path, result, started)
     return result
+
+
+def _point(gpus: int, workers: int, faults_per_kind: int, seed: int, runs_per_point: int,
+           progress: Callable[[str], Any] | None) -> dict[str, Any]:
+    """One capacity point: one :func:`live` run, or ``runs_per_point`` shorter ones combined."""
+    if runs_per_point == 1:
+        point = live(gpus * workers, workers=workers, faults_per_kind=faults_per_kind, seed=seed, progress=progress)
+        point["runs_per_point"] = 1
+        return point
+    say = progress or (lambda _m: None)
+    parts: list[dict[str, Any]] = []
+    for r, faults in enumerate(split_faults(faults_per_kind, runs_per_point)):
+        part = live(gpus * workers, workers=workers, faults_per_kind=faults, seed=run_seed(seed, r),
+                    progress=lambda m, r=r: say(f"run {r + 1}/{runs_per_point}: {m}"), keep_lag_ms=True)
+        part.update(seed=run_seed(seed, r), faults_per_kind=faults)
+        parts.append(part)
+        if part.get("stopped_early"):
+            break  # overloaded: the point has failed, and the next run on the same load would be too
+    point = combine_runs(parts)
+    point["runs_per_point"] = runs_per_point  # asked for; `runs` lists those that ran
+    return point
 
 
 def _write(json_path: str | None, result: dict[str, Any], started: float) -> None:

@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from vigil.bench.machine import measured
 from vigil.bench.pipeline.procs import (
-    Watch, fleet_producer, lag_between, pin, produce, read_stats, spawn_workers, split_cores, stop_all,
+    Watch, fleet_producer, lag_hist_between, lag_quantiles, pin, produce, read_stats, spawn_workers, split_cores,
+    stop_all,
 )
 from vigil.bench.pipeline.scoring import match, percentile, summarize, targets_met
 from vigil.broker import TansuBroker, find_tansu
@@ -44,10 +45,13 @@ OVERLOADED_LAG_S = 60.0
 def live(gpus: int, workers: int = 1, faults_per_kind: int = 100, seed: int = 0, warmup_s: float = 30.0,
          node_loss_gap_s: float = 6.5, workdir: Path | None = None, progress: Callable[[str], Any] | None = None,
          kinds: tuple[str, ...] = tuple(KINDS), max_s: float = 3600.0, pin_cores: bool = True,
-         keep_alerts: bool = False, load_options: dict[str, Any] | None = None) -> dict[str, Any]:
+         keep_alerts: bool = False, load_options: dict[str, Any] | None = None,
+         keep_lag_ms: bool = False) -> dict[str, Any]:
     """One capacity point: ``workers`` workers carrying a ``gpus``-GPU cluster with faults (module docstring).
 
     ``load_options`` go to :class:`~vigil.sim.load.LoadGenerator` (a test's faster steps, say).
+    ``keep_lag_ms``: keep each worker's lag histogram of the measured messages (``lag_ms``, ms -> messages),
+    which :func:`~vigil.bench.pipeline.runs.combine_runs` pools over the runs of one point.
     """
     say = progress or (lambda _m: None)
     own_tmp = workdir is None
@@ -168,7 +172,8 @@ def live(gpus: int, workers: int = 1, faults_per_kind: int = 100, seed: int = 0,
         os.sched_setaffinity(0, saved_affinity)
     matched = match(gen.injections, alerts)
     latency = summarize(matched)
-    lag = [lag_between(b, a) for b, a in zip(stats_at_start, stats_at_end)]
+    lag_ms = [lag_hist_between(b, a) for b, a in zip(stats_at_start, stats_at_end)]
+    lag = [lag_quantiles(h) for h in lag_ms]
     worker_cpu = sum(v for k, v in cpu.items() if k.startswith("worker"))
     processed = sum((a or {}).get("records", 0) - (b or {}).get("records", 0)
                     for b, a in zip(stats_at_start, stats_at_end))
@@ -200,6 +205,8 @@ def live(gpus: int, workers: int = 1, faults_per_kind: int = 100, seed: int = 0,
     point["targets"] = met
     point["targets_met"] = all(met.values()) and not stopped_early
     point["faults"] = matched["faults"]
+    if keep_lag_ms:
+        point["lag_ms"] = lag_ms
     if keep_alerts:
         point["alerts"] = [{"at": round(at - start, 3), "kind": a.kind, "status": a.status, "severity": a.severity,
                             "subject": a.subject.model_dump(exclude_none=True), "incident": str(a.incident_id),

@@ -27,8 +27,8 @@ from confluent_kafka import Producer
 from vigil.broker import die_with_parent
 from vigil.streams.config import StreamConfig
 
-__all__ = ["Watch", "fleet_producer", "lag_between", "pin", "produce", "read_stats", "spawn_workers", "split_cores",
-           "stop_all", "worker_main"]
+__all__ = ["Watch", "fleet_producer", "lag_between", "lag_hist_between", "lag_quantiles", "pin", "produce",
+           "read_stats", "spawn_workers", "split_cores", "stop_all", "worker_main"]
 
 
 def pin(pid: int, cpus: set[int]) -> None:
@@ -105,9 +105,19 @@ def read_stats(path: Path) -> dict[str, Any] | None:
 
 def lag_between(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any]:
     """p50/p99/max consumer lag (s) of the messages processed between two stats snapshots."""
+    return lag_quantiles(lag_hist_between(before, after))
+
+
+def lag_hist_between(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[int, int]:
+    """The messages processed between two stats snapshots, counted by their lag in ms."""
     a = {int(k): v for k, v in ((after or {}).get("lag_ms") or {}).items()}
     b = {int(k): v for k, v in ((before or {}).get("lag_ms") or {}).items()}
-    hist = sorted((k, v - b.get(k, 0)) for k, v in a.items() if v - b.get(k, 0) > 0)
+    return {k: v - b.get(k, 0) for k, v in a.items() if v - b.get(k, 0) > 0}
+
+
+def lag_quantiles(lag_ms: dict[int, int]) -> dict[str, Any]:
+    """p50/p99/max (s) and the count of a lag histogram (ms -> messages; keys may be strings, as in JSON)."""
+    hist = sorted((int(k), v) for k, v in lag_ms.items() if v > 0)
     total = sum(v for _, v in hist)
     if not total:
         return {"p50_s": None, "p99_s": None, "max_s": None, "messages": 0}
