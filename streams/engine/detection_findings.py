@@ -20,6 +20,8 @@ from vigil.streams.engine.detection_keys import _Key
 
 __all__ = ["detector_finding"]
 
+#: The node detector whose timeout says when a node counts as quiet (:meth:`_FindingDiff._quiet_nodes`).
+_HEARTBEAT = "heartbeat_loss"
 _FINDING_NS = uuid.UUID("9d1f4f0e-7c1b-4a57-8a3e-2b7f7a1c5e33")
 
 
@@ -48,11 +50,28 @@ class _FindingDiff:
             if fkey in reported:
                 continue
             if det.silence:  # who else is quiet right now: many at once share a cause
-                f = dataclasses.replace(f, evidence={**f.evidence, "silent_peers": self._silent_peers(key, det, now)})
+                told: dict[str, Any] = {"silent_peers": self._silent_peers(key, det, now)}
+                if key.per == "job" and key.nodes:
+                    told["quiet_nodes"] = self._quiet_nodes(key, now)
+                f = dataclasses.replace(f, evidence={**f.evidence, **told})
             df = reported[fkey] = self._raised(key, det, f, subject)
             out.append(df)
         for fkey in [k for k in reported if k not in seen]:
             out.append(self._cleared(reported.pop(fkey), key.cluster, now))
+        return out
+
+    def _quiet_nodes(self, key: _Key, now: float, limit: int = 64) -> list[str]:
+        """The job's nodes not heard here for over half their heartbeat timeout, or never heard here (another
+        worker's, or no node agent): a silence of theirs might explain the job's. None of them: its nodes talk."""
+        out = []
+        nodes = self.nodes
+        for name in sorted(key.nodes):
+            node = nodes.get(name)
+            beat = node.detectors.get(_HEARTBEAT) if node is not None else None
+            if beat is None or now - node.last_arrival > 0.5 * beat.timeout_s:  # type: ignore[attr-defined, union-attr]
+                out.append(name)
+                if len(out) >= limit:
+                    break
         return out
 
     def _silent_peers(self, key: _Key, det: Detector, now: float, limit: int = 64) -> list[str]:

@@ -448,8 +448,12 @@ class Correlator:
 
     def _among_many_silent(self, f: DetectorFinding) -> bool:
         """Are ``silence_group`` jobs silent with ``f``'s, counting none whose silence is told already (a job
-        stopped by its crash, a hang open)?"""
-        peers = set(f.facts.silent_peers) if isinstance(f.facts, SilenceEvidence) else set()
+        stopped by its crash, a hang open), while some node of ``f``'s job is quiet too (``quiet_nodes``; a hang
+        on nodes that all talk is no stalled path's or partition's)?"""
+        facts = f.facts if isinstance(f.facts, SilenceEvidence) else None
+        if facts is not None and facts.quiet_nodes == []:
+            return False  # its nodes were all heard when it was found: no silence of theirs explains it or is coming
+        peers = set(facts.silent_peers) if facts is not None else set()
         if len(peers) + 1 < self.silence_group:
             return False
         peers -= {m.subject.job for inc in self.incidents.values() for m in inc.members.values()}

@@ -78,3 +78,38 @@ def test_a_job_that_ended_before_the_tick_is_not_judged_hung_by_it():
     t_out = t + 5.0  # past both jobs' learned timeouts (about 3 x 1 s)
     found = detect.tick(t_out, [state("ended", "failed", t_out - 0.1)])
     assert kinds(found) == [("task_hang", "hung")]
+
+
+def test_a_hangs_evidence_names_the_nodes_of_its_job_not_heard_then():
+    """A job on n1 and n2 stops stepping: with both nodes' heartbeats still arriving its hang names no quiet
+    node (its nodes talk: no silence of theirs explains it); with n2's beats stopped too, it names n2; a node
+    never heard here (another worker's, no agent) counts as quiet (nothing says it talks)."""
+    def beat(node: str, k: int, t: float) -> Heartbeat:
+        return Heartbeat(event_time=from_seconds(t), source=Source(node=node), seq=k, interval_s=1.0)
+
+    for quiet in ([], ["n2"]):
+        engine = DetectionEngine()
+        t, k = T0, 0
+        for n in range(20):  # 20 steps of 1 s, each rank's node named, both nodes beating
+            t += 1.0
+            for rank, node in ((0, "n1"), (1, "n2")):
+                engine.on_events([IterationTiming(event_time=from_seconds(t), source=Source(job="j", node=node,
+                                  rank=rank), step=n, start=from_seconds(t - 1.0), end=from_seconds(t),
+                                  duration_s=1.0)], t)
+            engine.on_events([beat("n1", k, t), beat("n2", k, t)], t)
+            engine.tick(t)
+            k += 1
+        hung = []
+        for i in range(1, 80):  # the job stops; n1 beats on, n2 too unless it is the quiet one
+            now = t + 0.1 * i
+            if i % 10 == 0:
+                engine.on_events([beat("n1", k, now)] + ([] if quiet else [beat("n2", k, now)]), now)
+                k += 1
+            hung += [f for f in engine.tick(now) if f.kind == "task_hang" and f.status == "raised"]
+        [f] = hung
+        assert f.evidence["quiet_nodes"] == quiet, (quiet, f.evidence)
+    # a node of the job this engine never heard
+    engine = DetectionEngine()
+    t = run_steps(engine, "j", 0, 20, T0)  # its steps name n1, which sends no heartbeat here
+    [f] = [f for i in range(100) for f in engine.tick(t + 0.1 * i) if f.kind == "task_hang" and f.status == "raised"]
+    assert f.evidence["quiet_nodes"] == ["n1"]
