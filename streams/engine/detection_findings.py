@@ -61,17 +61,26 @@ class _FindingDiff:
         return out
 
     def _quiet_nodes(self, key: _Key, now: float, limit: int = 64) -> list[str]:
-        """The job's nodes not heard here for over half their heartbeat timeout, or never heard here (another
-        worker's, or no node agent): a silence of theirs might explain the job's. None of them: its nodes talk."""
+        """The job's nodes that do not talk: not heard here for over half their heartbeat timeout, not heard a
+        heartbeat interval after the job's last sign of life (a stalled path or a partition stops both within a
+        beat), or never heard here (another worker's, no node agent: nothing says they talk). A silence of theirs
+        might explain the job's. None of them: its nodes talk on while it is silent."""
         out = []
         nodes = self.nodes
+        job_heard = key.last_arrival
         for name in sorted(key.nodes):
             node = nodes.get(name)
             beat = node.detectors.get(_HEARTBEAT) if node is not None else None
-            if beat is None or now - node.last_arrival > 0.5 * beat.timeout_s:  # type: ignore[attr-defined, union-attr]
+            if beat is None:
                 out.append(name)
-                if len(out) >= limit:
-                    break
+            else:
+                timeout = beat.timeout_s  # type: ignore[attr-defined]
+                interval = timeout / beat.missed_intervals  # type: ignore[attr-defined]
+                heard = node.last_arrival  # type: ignore[union-attr]
+                if now - heard > 0.5 * timeout or heard < job_heard + interval:
+                    out.append(name)
+            if len(out) >= limit:
+                break
         return out
 
     def _silent_peers(self, key: _Key, det: Detector, now: float, limit: int = 64) -> list[str]:
