@@ -40,6 +40,8 @@ def test_stored_history_decodes_to_the_typed_view_and_encodes_back_the_same():
     ({"silent_peers": 5}, "evidence.silent_peers"),
     ({"silent_peers": ["n2", "bad name\n"]}, "evidence.silent_peers.1"),
     ({"silence_s": "3.1"}, "evidence.silence_s"),  # no text becomes a number, as everywhere in the decoder
+    ({"quiet_nodes": 5}, "evidence.quiet_nodes"),
+    ({"quiet_nodes": ["n1", "bad name\n"]}, "evidence.quiet_nodes.1"),
 ])
 def test_a_forged_finding_whose_evidence_breaks_its_kind_is_refused_at_decode(evidence, where):
     raw = json.loads(STORED)
