@@ -41,9 +41,11 @@ class SilenceEvidence(FindingEvidence):
     timeout_s: float | None = Field(None, description="The timeout that silence exceeded (a hang's learned one).")
     silent_peers: list[Name] = Field(default_factory=list, description="Other nodes (or jobs) whose same detector "
                                      "had heard nothing for over half its timeout: many silent at once share a cause.")
-    quiet_nodes: list[Name] | None = Field(None, description="A hung job's nodes not heard for over half their "
-                                           "heartbeat timeout (or never heard) when found; empty: every node of the "
-                                           "job talks, so no silence of theirs explains it; absent: not known.")
+    quiet_nodes: list[Name] | None = Field(None, description="A hung job's nodes that did not talk when it was found "
+                                           "(not heard for over half their heartbeat timeout, not heard a beat "
+                                           "interval after the job's last sign of life, or never heard); empty: every "
+                                           "node of the job talks, so no silence of theirs explains it; absent: not "
+                                           "known.")
 
 
 class FailSlowEvidence(FindingEvidence):

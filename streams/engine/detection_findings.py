@@ -74,10 +74,8 @@ class _FindingDiff:
             if beat is None:
                 out.append(name)
             else:
-                timeout = beat.timeout_s  # type: ignore[attr-defined]
-                interval = timeout / beat.missed_intervals  # type: ignore[attr-defined]
-                heard = node.last_arrival  # type: ignore[union-attr]
-                if now - heard > 0.5 * timeout or heard < job_heard + interval:
+                interval = beat.timeout_s / beat.missed_intervals  # type: ignore[attr-defined]
+                if _unheard(node, beat, now) or node.last_arrival < job_heard + interval:  # type: ignore[union-attr]
                     out.append(name)
             if len(out) >= limit:
                 break
@@ -88,7 +86,7 @@ class _FindingDiff:
         out = []
         for name, other in self._keys(key.per).items():
             peer = other.detectors.get(det.name)
-            if name != key.name and peer is not None and now - other.last_arrival > 0.5 * peer.timeout_s:  # type: ignore[attr-defined]
+            if name != key.name and peer is not None and _unheard(other, peer, now):
                 out.append(name)
                 if len(out) >= limit:
                     break
@@ -122,6 +120,11 @@ class _FindingDiff:
                              raised.affected_jobs, raised.slowdown)
 
     _finding = staticmethod(lambda *a, **k: detector_finding(*a, **k))  # defined below
+
+
+def _unheard(key: _Key, det: Detector, now: float) -> bool:
+    """Has ``key`` been silent for over half of ``det``'s timeout (quiet, whether or not lost yet)?"""
+    return now - key.last_arrival > 0.5 * det.timeout_s  # type: ignore[attr-defined]
 
 
 def detector_finding(status: str, kind: str, severity: int, subject: Subject, onset: float, detector: str,
