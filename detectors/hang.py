@@ -134,6 +134,7 @@ class HangDetector(Detector):
         self._checkpoint_spans: deque[tuple[float, float]] = deque(maxlen=16)  # (start, end) of recent ones
         self._ending_since: float | None = None  # a rank ended cleanly: the job is finishing
         self._finding: Finding | None = None
+        self._gate: float | None = None  # timeout_s, kept until the state changes (read every engine tick)
 
     # -- inputs ------------------------------------------------------------
     def update(self, duration_s: float, *, t: float, lag_s: float = 0.0, step: int | None = None) -> None:
@@ -158,11 +159,13 @@ class HangDetector(Detector):
         if self._last_progress is None or t > self._last_progress:
             self._last_progress = t
         self._finding = None
+        self._gate = None
 
     def finishing(self, t: float) -> None:
         """A rank of the job ended cleanly at ``t``: the rest get ``startup_timeout_s`` to end too."""
         self._ending_since = _check_time(t, "t")
         self._finding = None
+        self._gate = None
 
     def restart(self, t: float) -> None:
         """The job's processes (re)started at ``t``: warm-up again, silence counted from ``t``."""
@@ -172,6 +175,7 @@ class HangDetector(Detector):
         self._ending_since = None
         self._last_progress = t if self._last_progress is None else max(self._last_progress, t)
         self._finding = None
+        self._gate = None
 
     def checkpoint(self, phase: str, *, t: float, step: int | None = None, duration_s: float | None = None) -> None:
         """A checkpoint ``started`` at ``t``, or ``completed``/``failed`` (taking ``duration_s``)."""
@@ -180,6 +184,7 @@ class HangDetector(Detector):
             self._checkpoint_since = t
             self._checkpoint_step = step
             self._finding = None
+            self._gate = None
         elif phase in ("completed", "failed"):
             if self._checkpoint_since is not None:
                 took = duration_s if duration_s is not None else t - self._checkpoint_since
@@ -189,6 +194,7 @@ class HangDetector(Detector):
             # the silence before the checkpoint ended was the checkpoint's
             self._last_progress = t if self._last_progress is None else max(self._last_progress, t)
             self._finding = None
+            self._gate = None
         else:
             raise DetectorError(f"phase must be started, completed or failed, got {phase!r}")
 
@@ -250,7 +256,10 @@ class HangDetector(Detector):
         (the event-time deadline of :meth:`tick` still holds it)."""
         if self._last_progress is None:
             return self.startup_timeout_s
-        return max(0.0, self._deadline()[1] - self.delivery_lag_s)
+        gate = self.__dict__.get("_gate")  # (a snapshot of an older build has none)
+        if gate is None:
+            gate = self._gate = max(0.0, self._deadline()[1] - self.delivery_lag_s)
+        return gate
 
     @property
     def delivery_lag_s(self) -> float:

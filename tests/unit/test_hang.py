@@ -225,3 +225,25 @@ def test_a_save_every_step_still_teaches_the_step_time():
         assert det.learned_timeout_s == pytest.approx(1.2), inside
         hung = scan(det, t, t + 5)
         assert hung is not None and hung - t <= 1.2 + 0.011
+
+
+def test_the_gate_timeout_follows_every_change_of_state():
+    """timeout_s is kept between state changes (the engine reads it every tick): each change must renew it."""
+    det = HangDetector(k=3, warmup=1, min_steps=2, window=4)
+    for t in (1.0, 2.0, 3.0):  # the first is the warm-up's; two learned steps of 1 s
+        det.update(1.0, t=t)
+    assert det.timeout_s == pytest.approx(3.0)  # 3 x the mean
+    for t in (3.2, 3.4, 3.6, 3.8):  # the window now holds four 0.2 s steps
+        det.update(0.2, t=t)
+    assert det.timeout_s == pytest.approx(0.8)  # the floor (3 x 0.2 < min_timeout_s)
+    det.checkpoint("started", t=4.0)
+    assert det.timeout_s == pytest.approx(600.0)
+    det.checkpoint("completed", t=5.0, duration_s=1.0)
+    assert det.timeout_s == pytest.approx(0.8)
+    det.restart(6.0)
+    assert det.timeout_s == pytest.approx(600.0)  # warming up again
+    det.update(0.2, t=6.2)
+    det.update(0.2, t=6.4)
+    assert det.timeout_s == pytest.approx(0.8)
+    det.finishing(6.5)
+    assert det.timeout_s == pytest.approx(600.0)
