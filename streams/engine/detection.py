@@ -74,6 +74,8 @@ _JOB_LIVENESS = (*_STEP_EVENTS, "checkpoint")
 #: types), and as the per-GPU samples they hold (:meth:`GpuSamples.rows`, routed as ``_GPU_ROWS``) to those
 #: that read only ``gpu_telemetry`` (a plugin written before the columns).
 _GPU_SAMPLES, _GPU_TELEMETRY, _GPU_ROWS = "gpu_samples", "gpu_telemetry", "gpu_samples:rows"
+#: A detector class that does not override it derives nothing (not asked after every event it observes).
+_NOTHING_EMITTED = Detector.emitted
 
 
 class DetectionEngine(_Timers, _FindingDiff):
@@ -305,6 +307,8 @@ class DetectionEngine(_Timers, _FindingDiff):
                 continue
             det.observe(event, t=at, context=key)
             out += self._diff(key, det, now)
+            if cls.emitted is _NOTHING_EMITTED:
+                continue
             emitted = det.emitted()
             if emitted and key.steps is not None:  # progress inferred from the collective period
                 for item in emitted:
