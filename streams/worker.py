@@ -71,7 +71,9 @@ class WorkerStats:
 
     ``lag_ms`` counts the telemetry messages by how long after they were
     produced (their CreateTime) the worker began to process them, in
-    milliseconds: the consumer lag in time, fetch wait and broker included.
+    milliseconds: the consumer lag in time, fetch wait and broker included;
+    exact below a second, above it in buckets of 1 % named by their lower
+    edge (a backlog's minutes of lag would otherwise make one key per ms).
     ``busy_s`` is the time spent processing what ``consume`` returned (the
     rest of the loop waits for data or ticks timers).
     """
@@ -94,6 +96,9 @@ class WorkerStats:
         self.last_at = now
         if created_ms > 0:
             lag = max(0, int(now * 1000.0) - created_ms)
+            if lag >= 1000:
+                step = 10 ** (len(str(lag)) - 3)
+                lag -= lag % step
             self.lag_ms[lag] = self.lag_ms.get(lag, 0) + 1
             self.last_lag_ms = lag
 
