@@ -45,9 +45,14 @@ def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats:
 
     gen = LoadGenerator(gpus, 1e9, seed=seed)
     warm = int(warmup_s)
-    msgs = [(m, 1e9 + t) for t in range(1, warm + int(seconds) + 1) for m in gen.advance(1e9 + t)
-            if m.event_type != "job_state"]
-    first = next((i for i, (_, due) in enumerate(msgs) if due > 1e9 + warm), len(msgs))
+    # each second's messages arrive spread over it (20-900 ms after they are due), so that the timers tick
+    # as often as the worker's do (every tick_interval_s of the arrival clock) between them
+    msgs = []
+    for t in range(1, warm + int(seconds) + 1):
+        due = [m for m in gen.advance(1e9 + t) if m.event_type != "job_state"]
+        msgs += [(m, 1e9 + t + 0.02 + 0.88 * i / len(due)) for i, m in enumerate(due)]
+    interval = StreamConfig(bootstrap="-").tick_interval_s
+    first = next((i for i, (_, at) in enumerate(msgs) if at > 1e9 + warm + 1), len(msgs))
     records = sum(m.records for m, _ in msgs[first:])
     topics = {t: topic_name(t, "vigil") for t in ("node_samples", "iteration_step")}
 
@@ -56,18 +61,17 @@ def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats:
         next_tick = 0.0
         began = 0.0
         gc.unfreeze()
-        for offset, (m, due) in enumerate(msgs):
+        for offset, (m, now) in enumerate(msgs):
             if offset == first:  # the state is built: from here it is timed
                 gc.collect(1)
                 gc.freeze()
                 began = time.process_time()
                 if profiler is not None:
                     profiler.enable()
-            now = due + 0.02
             stage.on_message(Place(topics[m.event_type], 0, offset, now), m.value, now)
             if now >= next_tick:
                 stage.tick(now)
-                next_tick = now + 0.1
+                next_tick = now + interval
         if profiler is not None:
             profiler.disable()
         took = time.process_time() - began
