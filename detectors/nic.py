@@ -62,6 +62,7 @@ communication fail-slows caused by congestion.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from typing import Any, Iterable, Mapping
 
@@ -122,23 +123,35 @@ class _Baseline:
     The statistics are recomputed once every ``refresh`` new values: one value
     barely moves the median of a long window, and a node agent reports every
     port of every node each interval, so this is the NIC detector's hot path.
+    The window is also kept sorted as values come and go (``ordered``), so a
+    recomputation is a lookup and a binary search, not two sorts.
     """
 
     def __init__(self, window: int, refresh: int = 8):
         self.values: deque[float] = deque(maxlen=window)
+        self.ordered: list[float] = []  # self.values, sorted
         self.refresh = refresh
         self._cached: tuple[float, float] | None = None
         self._added = 0
 
     def add(self, value: float) -> None:
-        self.values.append(value)
+        values = self.values
+        ordered = self.__dict__.get("ordered")
+        if ordered is None:  # a snapshot from before it was kept
+            ordered = self.ordered = sorted(values)
+        if len(values) == values.maxlen:
+            del ordered[bisect_left(ordered, values[0])]
+        values.append(value)
+        insort(ordered, value)
         self._added += 1
 
     def stats(self) -> tuple[float, float]:
         if self._cached is None or self._added >= self.refresh:
-            # sorted() beats numpy's per-call overhead on a window this short (numpy's results, to the bit)
-            med = _median(sorted(self.values))
-            self._cached = (med, _median(sorted([abs(v - med) for v in self.values])))
+            ordered = self.__dict__.get("ordered")
+            if ordered is None:
+                ordered = self.ordered = sorted(self.values)
+            med = _median(ordered)
+            self._cached = (med, _mad(ordered, med))
             self._added = 0
         return self._cached
 
@@ -147,6 +160,35 @@ def _median(ordered: list[float]) -> float:
     n = len(ordered)
     mid = n // 2
     return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+def _mad(ordered: list[float], med: float) -> float:
+    """The median of ``|v - med|`` over a sorted, non-empty list, to the bit what sorting the deviations gives.
+
+    The deviations are two sorted runs, ``med - v`` going left from ``med`` and ``v - med`` going right (the
+    same floats as ``abs(v - med)``: IEEE subtraction is exact under negation); their middle one(s) are found
+    by a binary search over how many come from the left run.
+    """
+    n = len(ordered)
+    split = bisect_left(ordered, med)  # ordered[:split] < med <= ordered[split:]
+
+    def kth(k: int) -> float:
+        """The k-th (from 0) smallest deviation."""
+        a, b = split, n - split  # left run: med - ordered[split - 1 - i]; right run: ordered[split + j] - med
+        lo, hi = max(0, k + 1 - b), min(k + 1, a)
+        while lo < hi:  # i = how many of the k + 1 smallest come from the left run
+            i = (lo + hi) // 2
+            if med - ordered[split - 1 - i] < ordered[split + k - i] - med:
+                lo = i + 1
+            else:
+                hi = i
+        i = lo
+        left = med - ordered[split - i] if i > 0 else None
+        right = ordered[split + k - i] - med if k - i >= 0 else None
+        return left if right is None else right if left is None else max(left, right)
+
+    mid = n // 2
+    return float(kth(mid)) if n % 2 else (kth(mid - 1) + kth(mid)) / 2.0
 
 
 @register

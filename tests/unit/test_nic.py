@@ -144,3 +144,21 @@ def test_bad_counters():
         det.update({"np_cnp_sent": -1}, t=0.0)
     with pytest.raises(DetectorError):
         det.update([1, 2], t=0.0)
+
+
+def test_baseline_statistics_match_numpy_as_the_window_slides():
+    """The kept-sorted window and the MAD's binary search give numpy's median and MAD, to the bit, through
+    evictions, ties and even and odd lengths (refresh=1: recomputed after every value)."""
+    from vigil.detectors.nic import _Baseline
+
+    rng = np.random.default_rng(7)
+    for window in (1, 2, 5, 16, 120):
+        b = _Baseline(window, refresh=1)
+        for i in range(400):
+            kind = i % 3
+            value = float(rng.integers(0, 4)) if kind == 0 else float(rng.exponential(1e3)) if kind == 1 else 0.0
+            b.add(value)
+            arr = np.array(b.values)
+            med = float(np.median(arr))
+            assert b.stats() == (med, float(np.median(np.abs(arr - med))))
+            assert b.ordered == sorted(b.values)
