@@ -129,6 +129,12 @@ def test_merge_keeps_every_part_and_recomputes_the_verdict():
     assert out["machine"]["load_before"] == [10.0] and out["machine"]["load_after"] == [21.0]
     assert out["projection"]["100000"]["workers"] == 20
 
+    # a merged result merged again with a new part: flat commands and parts, its notes kept before the new ones
+    again = merge([dict(out, notes=["first"]), part("c", {"1": 120}, [(10000, True)], 5)], notes=["second"])
+    assert again["command"] == ["a", "b", "c"] and [q["command"] for q in again["parts"]] == ["a", "b", "c"]
+    assert again["notes"] == ["first", "second"] and again["throughput"] == {"1": 120, "2": 150}
+    assert again["max_gpus_per_worker_meeting_targets"] == 10000 and again["wall_s"] == 35
+
 
 def test_a_later_fault_of_the_same_job_owns_the_incidents_that_came_after_it():
     """Two crashes of one job 20 s apart, each alerted by an incident of its own: the second's incident is

@@ -93,9 +93,13 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
     lock): their throughputs and capacity points (a later part's point replaces an earlier one of the
     same load), the largest load meeting every target and the projection recomputed; each part's command,
     machine and load average kept under ``parts``; ``wall_s`` the sum of theirs. ``merge_command``: the
-    line that merged them (``python -m vigil.bench.pipeline merge ...``), kept beside the parts' commands."""
-    result: dict[str, Any] = {"command": [p.get("command") for p in parts], "throughput": {},
-                              "throughput_detail": {}, "capacity": []}
+    line that merged them (``python -m vigil.bench.pipeline merge ...``), kept beside the parts' commands.
+    A part that is itself a merge brings its commands, parts and notes as they are (flat, its notes first)."""
+    commands: list[Any] = []
+    for p in parts:
+        command = p.get("command")
+        commands += command if isinstance(command, list) else [command]
+    result: dict[str, Any] = {"command": commands, "throughput": {}, "throughput_detail": {}, "capacity": []}
     points: dict[int, dict[str, Any]] = {}
     for part in parts:
         result["throughput"].update(part.get("throughput") or {})
@@ -109,13 +113,15 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
                                   throughput=result["throughput"])
     result["machine"] = {**machine_info(), "load_before": parts[0]["machine"].get("load_before") if parts else None,
                          "load_after": parts[-1]["machine"].get("load_after") if parts else None}
-    result["parts"] = [{"command": p.get("command"), "machine": p.get("machine"), "wall_s": p.get("wall_s")}
-                       for p in parts]
+    result["parts"] = [q for p in parts for q in (p["parts"] if isinstance(p.get("parts"), list) else
+                                                  [{"command": p.get("command"), "machine": p.get("machine"),
+                                                    "wall_s": p.get("wall_s")}])]
     result["wall_s"] = round(sum(p.get("wall_s") or 0.0 for p in parts), 1)
     if merge_command is not None:
         result["merge_command"] = merge_command
-    if notes:
-        result["notes"] = list(notes)
+    carried = [n for p in parts for n in (p.get("notes") or [])]
+    if carried or notes:
+        result["notes"] = carried + list(notes or [])
     if json_path is not None:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(result, indent=1, default=str) + "\n")
