@@ -39,6 +39,8 @@ def test_a_fault_with_no_alert_is_missed_and_an_alert_with_no_fault_is_unexplain
     out = match([exc("j1", 100.0)], [(alert("xid", {"node": "n1"}), 101.0)])
     assert out["faults"][0]["delay_s"] is None
     assert out["unexplained_incidents"] == {"xid": 1}
+    [told] = out["unexplained"]
+    assert (told["kind"], told["subject"], told["arrived_at"], told["severity"]) == ("xid", {"node": "n1"}, 101.0, 2)
 
 
 def test_an_incident_answers_one_fault():
@@ -261,13 +263,14 @@ def test_runs_combine_rates_over_total_time_the_largest_rss_and_time_weighted_co
         _run(rows, 1000, 3000, 300.0, 700.0, cpu_cores={"worker-0": 0.6, "broker": 0.3}, worker_busy_share=[0.5],
              worker_cpu_us_per_record=200.0, broker_rss_mb=900.0, generator_late_s={"p99": 0.03, "max": 0.1},
              unexplained_incidents={"xid": 2, "task_hang": 1}, faults_injected={"exception": 50},
-             lag_p99_s=2.0, lag_max_s=3.0)])
+             lag_p99_s=2.0, lag_max_s=3.0, unexplained=[{"kind": "task_hang"}])])
     assert point["records_per_s"] == 2500 and point["measured_s"] == 400.0
     assert point["rss_mb"] == 700.0 and point["broker_rss_mb"] == 900.0
     assert point["cpu_cores"] == {"worker-0": 0.5, "broker": 0.25} and point["worker_busy_share"] == [0.4]
     assert point["worker_cpu_us_per_record"] == 200.0
     assert point["generator_late_s"]["max"] == 0.2
     assert point["unexplained_incidents"] == {"xid": 3, "task_hang": 1}
+    assert point["unexplained"] == [{"kind": "task_hang", "run": 1}]  # told in full, with the run they came in
     assert point["faults_injected"]["exception"] == 100
     # no histograms: the largest of the runs' lag figures, and said so
     assert (point["lag_p99_s"], point["lag_max_s"], point["lag_pooled"]) == (2.0, 3.0, False)

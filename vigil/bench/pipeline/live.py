@@ -196,6 +196,7 @@ def live(gpus: int, workers: int = 1, faults_per_kind: int = 100, seed: int = 0,
                              "worst_seconds": sorted(((round(v, 3), k) for k, v in late_by_s.items()), reverse=True)[:5]},
         "broker_rss_mb": round(watch.rss_max["broker"], 1),
         "unexplained_incidents": matched["unexplained_incidents"],
+        "unexplained": matched["unexplained"],
         "timeline": timeline,
         "faults_injected": {k: sum(1 for i in gen.injections if i.kind == k) for k in KINDS},
     })

@@ -105,6 +105,7 @@ def combine_runs(points: list[dict[str, Any]]) -> dict[str, Any]:
         "broker_rss_mb": _max(p.get("broker_rss_mb") for p in points),
         "unexplained_incidents": dict(sum((Counter(p.get("unexplained_incidents") or {}) for p in points),
                                           Counter())),
+        "unexplained": [dict(u, run=i) for i, p in enumerate(points) for u in p.get("unexplained") or []],
         "faults_injected": {k: sum((p.get("faults_injected") or {}).get(k, 0) for p in points) for k in KINDS},
     })
     if stopped:

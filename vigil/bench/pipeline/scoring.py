@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from vigil.detectors.hang import DEFAULT_K
-from vigil.schemas import Alert
+from vigil.schemas import Alert, to_seconds
 from vigil.sim.load import KINDS, Injection
 
 __all__ = ["HANG_K", "MIN_P99_SAMPLES", "RSS_TARGET_MB", "TARGETS", "match", "names_cause", "percentile",
@@ -98,13 +98,21 @@ def match(injections: list[Injection], alerts: list[tuple[Alert, float]], margin
         out.append(row)
     explained = set(claimed)
     unexplained: dict[str, int] = {}
+    told: list[dict[str, Any]] = []  # each one's first alert, enough to look into it afterwards
     seen: set[Any] = set()
-    for a, _ in alerts:
+    for a, at in alerts:
         if a.incident_id in explained or a.incident_id in seen:
             continue
         seen.add(a.incident_id)
         unexplained[a.kind] = unexplained.get(a.kind, 0) + 1
-    return {"faults": out, "unexplained_incidents": unexplained}
+        if len(told) < UNEXPLAINED_KEPT:
+            told.append({"kind": a.kind, "severity": a.severity, "subject": a.subject.model_dump(exclude_none=True),
+                         "arrived_at": at, "onset": to_seconds(a.onset_time), "summary": a.summary[:300]})
+    return {"faults": out, "unexplained_incidents": unexplained, "unexplained": told}
+
+
+#: Unexplained incidents told in full per run (their first alert); the rest are only counted.
+UNEXPLAINED_KEPT = 20
 
 
 def percentile(values: list[float], q: float) -> float | None:
