@@ -134,11 +134,15 @@ class _Baseline:
         self._cached: tuple[float, float] | None = None
         self._added = 0
 
-    def add(self, value: float) -> None:
-        values = self.values
+    def _ordered(self) -> list[float]:
         ordered = self.__dict__.get("ordered")
         if ordered is None:  # a snapshot from before it was kept
-            ordered = self.ordered = sorted(values)
+            ordered = self.ordered = sorted(self.values)
+        return ordered
+
+    def add(self, value: float) -> None:
+        values = self.values
+        ordered = self._ordered()
         if len(values) == values.maxlen:
             del ordered[bisect_left(ordered, values[0])]
         values.append(value)
@@ -147,9 +151,7 @@ class _Baseline:
 
     def stats(self) -> tuple[float, float]:
         if self._cached is None or self._added >= self.refresh:
-            ordered = self.__dict__.get("ordered")
-            if ordered is None:
-                ordered = self.ordered = sorted(self.values)
+            ordered = self._ordered()
             med = _median(ordered)
             self._cached = (med, _mad(ordered, med))
             self._added = 0

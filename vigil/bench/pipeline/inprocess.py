@@ -51,13 +51,13 @@ def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats:
     for t in range(1, warm + int(seconds) + 1):
         due = [m for m in gen.advance(1e9 + t) if m.event_type != "job_state"]
         msgs += [(m, 1e9 + t + 0.02 + 0.88 * i / len(due)) for i, m in enumerate(due)]
-    interval = StreamConfig(bootstrap="-").tick_interval_s
+    config = StreamConfig(bootstrap="-")
     first = next((i for i, (_, at) in enumerate(msgs) if at > 1e9 + warm + 1), len(msgs))
     records = sum(m.records for m, _ in msgs[first:])
     topics = {t: topic_name(t, "vigil") for t in ("node_samples", "iteration_step")}
 
     def once(profiler: Any = None) -> float:
-        stage = DetectStage(DetectionEngine(EngineParams()), key_of_topics(StreamConfig(bootstrap="-"), TELEMETRY))
+        stage = DetectStage(DetectionEngine(EngineParams()), key_of_topics(config, TELEMETRY))
         next_tick = 0.0
         began = 0.0
         gc.unfreeze()
@@ -71,7 +71,7 @@ def inprocess(gpus: int = 25_000, seconds: float = 10.0, seed: int = 1, repeats:
             stage.on_message(Place(topics[m.event_type], 0, offset, now), m.value, now)
             if now >= next_tick:
                 stage.tick(now)
-                next_tick = now + interval
+                next_tick = now + config.tick_interval_s
         if profiler is not None:
             profiler.disable()
         took = time.process_time() - began

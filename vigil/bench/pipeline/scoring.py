@@ -56,6 +56,10 @@ def _job_fail_slow(inj: Injection, alert: Alert) -> bool:
     return any(e.get("kind") == "fail_slow" and (e.get("subject") or {}).get("job") == inj.job for e in alert.evidence)
 
 
+#: Unexplained incidents told in full per run (their first alert); the rest are only counted.
+UNEXPLAINED_KEPT = 20
+
+
 def match(injections: list[Injection], alerts: list[tuple[Alert, float]], margin_s: float = 30.0) -> dict[str, Any]:
     """Each fault's first alert naming its cause, and the incidents no fault explains.
 
@@ -109,10 +113,6 @@ def match(injections: list[Injection], alerts: list[tuple[Alert, float]], margin
             told.append({"kind": a.kind, "severity": a.severity, "subject": a.subject.model_dump(exclude_none=True),
                          "arrived_at": at, "onset": to_seconds(a.onset_time), "summary": a.summary[:300]})
     return {"faults": out, "unexplained_incidents": unexplained, "unexplained": told}
-
-
-#: Unexplained incidents told in full per run (their first alert); the rest are only counted.
-UNEXPLAINED_KEPT = 20
 
 
 def percentile(values: list[float], q: float) -> float | None:
