@@ -124,10 +124,41 @@ class Localization:
 
 def _lower_median(a: np.ndarray) -> float:
     """Reference level robust to one high outlier: the minimum of two, else the median."""
-    a = np.sort(np.asarray(a, dtype=float))
-    if len(a) <= 2:
-        return float(a[0])
-    return float(np.median(a))
+    return _sorted_lower_median(np.sort(np.asarray(a, dtype=float)))
+
+
+def _sorted_lower_median(v: Sequence[float]) -> float:
+    """:func:`_lower_median` of sorted ``v`` (np.median's arithmetic, without its overhead on a few values)."""
+    n = len(v)
+    if n <= 2:
+        return float(v[0])
+    mid = n // 2
+    return float(v[mid]) if n % 2 else float((v[mid - 1] + v[mid]) / 2)
+
+
+def _small_median(a: np.ndarray) -> float:
+    """np.median of a few values, the same arithmetic without its per-call overhead."""
+    v = sorted(a.tolist())
+    mid = len(v) // 2
+    return float(v[mid]) if len(v) % 2 else float((v[mid - 1] + v[mid]) / 2)
+
+
+def _group_medians(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys (sorted) and each one's lower median of ``values``.
+
+    Groups are a few ranks each: plain lists beat numpy's per-call overhead.
+    """
+    groups: dict[Any, list[float]] = {}
+    for k, v in zip(keys.tolist(), values.tolist()):
+        groups.setdefault(k, []).append(v)
+    distinct = sorted(groups)
+    return np.array(distinct), np.array([_sorted_lower_median(sorted(groups[k])) for k in distinct])
+
+
+def _per_element(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Each element's group level (:func:`_group_medians` of the values sharing its key)."""
+    distinct, levels = _group_medians(values, keys)
+    return levels[np.searchsorted(distinct, keys)]
 
 
 def _robust_sd(a: np.ndarray, floor: float) -> float:
@@ -316,7 +347,7 @@ def localize(
     if _spread is not None:
         ev["replica_spread"], ev["step_stretch"] = _spread
     elif len(replicas) >= 2:
-        ev["replica_spread"], ev["step_stretch"] = _replica_spread(comp, ppc, dpc, stages, replicas)
+        ev["replica_spread"], ev["step_stretch"] = _replica_spread(comp, ppc, dpc)
 
     # 3. communication groups: min over members estimates the transfer time
     transfers = _transfers if _transfers is not None else _group_transfers(recs)
@@ -372,13 +403,10 @@ def localize(
 
 def _rank_residuals(comp: np.ndarray, ppc: np.ndarray, dpc: np.ndarray) -> np.ndarray:
     """Each rank's compute over its stage's level and its replica's factor, minus 1."""
-    S = {int(p): _lower_median(comp[ppc == p]) for p in np.unique(ppc)}
-    x = comp / np.array([S[int(p)] for p in ppc])
-    replicas = np.unique(dpc)
-    if all(np.sum(dpc == d) == 1 for d in replicas):  # one rank per replica: compare the replicas
+    x = comp / _per_element(comp, ppc)
+    if len(np.unique(dpc)) == len(dpc):  # one rank per replica: compare the replicas
         return x / _lower_median(x) - 1.0 if len(x) >= 3 else np.zeros(len(x))
-    R = {int(d): _lower_median(x[dpc == d]) for d in replicas}
-    return x / np.array([R[int(d)] for d in dpc]) - 1.0
+    return x / _per_element(x, dpc) - 1.0
 
 
 def _effective_compute(recs: Sequence[Mapping[str, Any]], cells: bool) -> np.ndarray:
@@ -406,17 +434,15 @@ def _cell_mode(recs: Sequence[Mapping[str, Any]], tp_size: int | None) -> bool:
     return tp_size > 1
 
 
-def _replica_factors(comp: np.ndarray, ppc: np.ndarray, dpc: np.ndarray, replicas: np.ndarray) -> np.ndarray:
-    """Each replica's compute factor in one iteration: lower median over its ranks of compute / stage level."""
-    S = {int(p): _lower_median(comp[ppc == p]) for p in np.unique(ppc)}
-    x = comp / np.array([S[int(p)] for p in ppc])
-    return np.array([_lower_median(x[dpc == d]) for d in replicas])
+def _replica_factors(comp: np.ndarray, ppc: np.ndarray, dpc: np.ndarray) -> np.ndarray:
+    """Each replica's compute factor in one iteration (replicas in np.unique(dpc)'s order): lower median over
+    its ranks of compute / stage level."""
+    return _group_medians(comp / _per_element(comp, ppc), dpc)[1]
 
 
-def _replica_spread(comp: np.ndarray, ppc: np.ndarray, dpc: np.ndarray, stages: np.ndarray,
-                    replicas: np.ndarray) -> tuple[float, float]:
+def _replica_spread(comp: np.ndarray, ppc: np.ndarray, dpc: np.ndarray) -> tuple[float, float]:
     """(robust sd of the log replica factors, slowest replica / median replica - 1) of one iteration."""
-    rv = _replica_factors(comp, ppc, dpc, replicas)
+    rv = _replica_factors(comp, ppc, dpc)
     return float(_robust_sd(np.log(rv), 0.0)), float(rv.max() / np.median(rv) - 1.0)
 
 
@@ -440,9 +466,9 @@ def _window_spread(iterations: Sequence[Sequence[Mapping[str, Any]]], tp_size: i
         replicas = reps
         ppc = np.array([r["pp"] for r in it])
         comp = _effective_compute(it, _cell_mode(it, tp_size))
-        rv = _replica_factors(comp, ppc, dpc, reps)
+        rv = _replica_factors(comp, ppc, dpc)
         rows.append(np.log(rv))
-        stretch.append(float(rv.max() / np.median(rv) - 1.0))
+        stretch.append(float(rv.max() / _small_median(rv) - 1.0))
     if len(rows) < 2:
         return None
     L = np.array(rows)
