@@ -281,12 +281,12 @@ def test_no_policy_beats_the_oracle_when_the_whole_cluster_goes_down():
 
 
 def test_a_run_is_deterministic_for_a_seed():
-    jobs, topo, trace = scenario("trace-b", 128, seed=5)
+    jobs, topo, trace = scenario("trace-b", 128, seed=5, days=2)
     a = simulate("vigil", jobs, topo, trace, seed=5)
     b = simulate("vigil", jobs, topo, trace, seed=5)
     assert a["accumulated_waf"] == b["accumulated_waf"] and a["log"] == b["log"]
     assert a["decisions"] == b["decisions"] and sum(a["decisions"].values()) > 50
-    _, _, other = scenario("trace-b", 128, seed=6)
+    _, _, other = scenario("trace-b", 128, seed=6, days=2)
     assert other.fail_stops != trace.fail_stops
 
 
@@ -327,9 +327,9 @@ def test_bench_policies_writes_json_markdown_and_plot(tmp_path):
     from vigil.bench.policies import run
 
     path = tmp_path / "policies.json"
-    result = run(str(path), trace="trace-b", gpus=128, seed=1, scale=False, sweep_seeds=2)
+    result = run(str(path), trace="trace-b", gpus=128, seed=1, days=1, scale=False, sweep_seeds=2)  # 1 day: quick
     on_disk = json.loads(path.read_text())
-    assert on_disk["trace"] == "trace-b" and on_disk["gpus"] == 128
+    assert on_disk["trace"] == "trace-b" and on_disk["gpus"] == 128 and on_disk["detail"]["trace_days"] == 1
     assert set(on_disk["policies"]) == {"restart-only", "per-job", "vigil"}
     for p in on_disk["policies"].values():
         assert {"accumulated_waf", "ettr_mean", "failslow_slowdown_pct"} <= set(p)
@@ -349,7 +349,7 @@ def test_bench_policies_writes_json_markdown_and_plot(tmp_path):
     assert "reference" in result["targets"]["failslow_mitigated_pct"]  # the clairvoyant run is no bound
     assert "bound" not in result["targets"]["failslow_mitigated_pct"]
     assert "### Seeds 0-1" in path.with_suffix(".md").read_text()
-    command = f"vigil bench policies --json {path} --trace trace-b --gpus 128 --seed 1 --no-scale --sweep-seeds 2"
+    command = f"vigil bench policies --json {path} --trace trace-b --gpus 128 --seed 1 --days 1 --no-scale --sweep-seeds 2"
     assert on_disk["command"] == command
     assert f"Reproduce: `{command}`" in path.with_suffix(".md").read_text().splitlines()
     machine = on_disk["detail"]["machine"]

@@ -276,6 +276,9 @@ def bench_policies(
     trace: str = typer.Option("trace-a", help="Failure trace preset: trace-a (8 weeks) or trace-b (20x the rate, 7 days)."),
     gpus: int = typer.Option(128, min=16, help="Cluster size; 128 runs Unicron's case 5 (six jobs)."),
     seed: int = typer.Option(0, help="Seed of the trace, the job mix and the detectors' inputs."),
+    days: Optional[float] = typer.Option(None, min=0.5, help="Span of the trace in days, its faults drawn at the "
+                                         "preset's per-node rates: a quick look. Default: the preset's own span "
+                                         "and counts, which the targets are stated for."),
     scale: bool = typer.Option(True, help="Also time a 10,000-GPU, 4-week run of every policy (a few minutes)."),
     sweep_seeds: int = typer.Option(10, min=0, help="On 128 GPUs, also run seeds 0..N-1 for the bounds each target "
                                                     "is held against (a few seconds a seed); 0 skips it."),
@@ -320,7 +323,7 @@ def bench_policies(
         def progress(what: str) -> None:
             status.update(what)
             err_console.log(what)
-        result = run(str(json_path), trace=trace, gpus=gpus, seed=seed, scale=scale,
+        result = run(str(json_path), trace=trace, gpus=gpus, seed=seed, days=days, scale=scale,
                      sweep_seeds=sweep_seeds, progress=progress)
     print_table(("policy", "accumulated WAF (weighted EFLOP)", "vs restart-only", "ETTR mean", "fail-slow slowdown"),
                  format_table(result))
