@@ -135,6 +135,8 @@ class DetectionEngine(_Timers, _FindingDiff):
         self._feeds: dict[Any, tuple[float, float]] = {}
         #: feed -> the newest event time read from it (how far the log has been read, in its own time)
         self._marks: dict[Any, float] = {}
+        #: feed -> when the worker last read a message from it
+        self._feed_heard: dict[Any, float] = {}
         self._feed: Any = None  # the feed of the message being routed
 
     # -- inputs ------------------------------------------------------------
@@ -157,6 +159,8 @@ class DetectionEngine(_Timers, _FindingDiff):
         self._replaying = replay
         events = events if isinstance(events, list) else list(events)
         self.refused_future = []
+        if feed is not None and not replay:
+            self._feed_heard[feed] = now
         if written is not None and not replay:
             lag = now - written
             least = self._feed_window.get(feed)

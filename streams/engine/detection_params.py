@@ -28,6 +28,11 @@ class EngineParams:
     #: part of the log it has not read, so no silence is judged until it catches up (a late feed is
     #: not silence). The least late, so that a few producers with slow clocks do not count as a backlog.
     max_feed_lag_s: float = 1.0
+    #: A subject silent past its timeout while its feed is still being read, but has not yet carried its
+    #: timeout's worth of others' messages past the subject's last one, is late, not silent (its next
+    #: message may be in the part of that partition not yet delivered): for at most this long past its
+    #: timeout, then it is judged on arrival (a feed whose other writers only replay old data).
+    late_feed_grace_s: float = 30.0
     #: Events older than this (against the worker's clock) do not start tracking a subject: a new
     #: consumer group reading an old log must not report every node that left long ago as lost.
     max_event_age_s: float = 300.0

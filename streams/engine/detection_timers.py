@@ -56,6 +56,7 @@ class _Timers:
         alone = len(self.nodes) + len(self.jobs) <= 1
         feed_back_at, last_heard = self._feed_back_at, self._last_heard
         behind, marks = self.behind(now), self._marks
+        feed_heard, grace = self._feed_heard, self.params.late_feed_grace_s
         for registry in self._silence:
             for key, det in registry.values():
                 timeout = det.timeout_s  # type: ignore[attr-defined]
@@ -78,6 +79,15 @@ class _Timers:
                 # feed came back. Inlined: thousands of subjects every tick.
                 since = key.last_arrival if key.last_arrival > feed_back_at else feed_back_at
                 if now - since <= timeout or not (alone or last_heard - since > timeout):
+                    continue
+                # Late, not silent: its own feed is still being read (a message within the timeout) but has
+                # not carried its timeout's worth of others' news past its last sign of life (a partition
+                # delivered late, in order: its next message may be the next one there). A feed quiet for
+                # a whole timeout is judged on arrival: all its writers may be gone (one node per partition).
+                feed = key.feed
+                if feed is not None and now - since <= timeout + grace \
+                        and now - feed_heard.get(feed, float("-inf")) <= timeout \
+                        and marks.get(feed, float("-inf")) - key.mark <= timeout:
                     continue
                 det.tick(now)
                 out += self._diff(key, det, now)

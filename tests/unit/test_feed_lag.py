@@ -96,3 +96,71 @@ def test_a_loss_while_the_worker_stays_behind_is_reported_late_and_a_skewed_cloc
                    if f.kind == "node_lost" and f.status == "raised"]
     assert [n for n, _ in raised] == ["n07"]
     assert dead_at - 1.0 < raised[0][1] < dead_at  # its onset: its last heartbeat
+
+
+# -- a partition delivered late while the others flow ---------------------------------------------------
+OTHER = ("vigil.telemetry.node", 1)
+
+
+def read_two_feeds(engine: DetectionEngine, until: float, delivered: dict, dead: dict[str, float]) -> list:
+    """Nodes ``a00..a39`` write to FEED, ``b00..b39`` to OTHER, a heartbeat a second each; FEED's message
+    written at ``t`` is read at ``delivered(t)`` (OTHER's at once). Ticks every 0.1 s; returns (node, wall,
+    onset) of each node_lost raised."""
+    beats = []  # (read at, write time, feed, heartbeat)
+    for k in range(int(until) + 1):
+        for prefix, feed in (("a", FEED), ("b", OTHER)):
+            for i in range(40):
+                n, t = f"{prefix}{i:02d}", T0 + k + i / 40
+                if t < dead.get(n, float("inf")):
+                    read = delivered(t) if feed == FEED else t
+                    beats.append((read, t, feed, Heartbeat(event_time=from_seconds(t), source=Source(node=n), seq=k,
+                                                           interval_s=1.0)))
+    beats.sort(key=lambda b: (b[0], b[1]))  # a partition is read in write order
+    raised, wall, i = [], T0, 0
+    while wall < T0 + until:
+        wall += 0.1
+        while i < len(beats) and beats[i][0] <= wall:
+            read, written, feed, hb = beats[i]
+            engine.on_events([hb], wall, written=written, feed=feed)
+            i += 1
+        raised += [(f.subject.node, wall, f.onset_time.timestamp()) for f in engine.tick(wall)
+                   if f.kind == "node_lost" and f.status == "raised"]
+    return raised
+
+
+def stalled(start: float, length: float):
+    """FEED delivers nothing from ``start`` for ``length`` seconds, then what was written meanwhile at once."""
+    return lambda t: T0 + start + length if T0 + start <= t < T0 + start + length else t
+
+
+def test_a_partition_stalled_for_less_than_a_timeout_makes_no_node_lost():
+    """Ground truth: every node keeps sending; FEED's partition is delivered 2.2 s late for a while (a
+    broker serving it late, the worker's fetch starved) while OTHER flows. Judged on arrival alone (no
+    grace), the FEED nodes whose last beat came early before the stall look lost: that is what the rule
+    is for."""
+    from vigil.streams.engine.detection import EngineParams
+
+    assert read_two_feeds(DetectionEngine(), 40.0, stalled(20.0, 2.2), {}) == []
+    on_arrival = read_two_feeds(DetectionEngine(EngineParams(late_feed_grace_s=0.0)), 40.0, stalled(20.0, 2.2), {})
+    assert on_arrival and {n[0] for n, _, _ in on_arrival} == {"a"}
+
+
+def test_a_node_lost_on_a_flowing_partition_is_still_reported_on_time():
+    dead_at = T0 + 20.0
+    raised = read_two_feeds(DetectionEngine(), 40.0, lambda t: t, {"a07": dead_at})
+    assert [n for n, _, _ in raised] == ["a07"]
+    [(_, at, onset)] = raised
+    assert dead_at - 1.0 < onset < dead_at and at - onset < 2.5 + 0.3  # its timeout, and a tick or two
+
+
+def test_the_only_node_of_a_partition_lost_is_reported_from_its_silence():
+    """A feed whose every writer stopped carries no news at all: a partition of one node (a small cluster)
+    is judged on arrival, as before, not held back for the grace."""
+    dead = {f"a{i:02d}": T0 + 20.0 for i in range(40)}
+    dead.pop("a00")
+    dead["a00"] = T0 + 25.0  # the last writer of FEED, alone on it from 20 s
+    raised = read_two_feeds(DetectionEngine(), 40.0, lambda t: t, dead)
+    lost = {n: (at, onset) for n, at, onset in raised}
+    assert set(lost) == {f"a{i:02d}" for i in range(40)}
+    at, onset = lost["a00"]
+    assert T0 + 24.0 <= onset < T0 + 25.0 and at - onset < 2.5 + 0.3
