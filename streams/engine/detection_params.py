@@ -30,8 +30,10 @@ class EngineParams:
     max_feed_lag_s: float = 1.0
     #: A subject silent past its timeout while its feed is still being read, but has not yet carried its
     #: timeout's worth of others' messages past the subject's last one, is late, not silent (its next
-    #: message may be in the part of that partition not yet delivered): for at most this long past its
-    #: timeout, then it is judged on arrival (a feed whose other writers only replay old data).
+    #: message may be in the part of that partition not yet delivered); so are the nodes of a partition
+    #: (three or more) that went quiet as a whole while the others are read (its delivery stalled). For
+    #: at most this long past the timeout; then they are judged on arrival (a feed whose other writers only
+    #: replay old data; a stall that long is a shared silence to report).
     late_feed_grace_s: float = 30.0
     #: Events older than this (against the worker's clock) do not start tracking a subject: a new
     #: consumer group reading an old log must not report every node that left long ago as lost.

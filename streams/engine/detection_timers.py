@@ -8,7 +8,14 @@ methods use the engine's keys, timer registries and feeds).
 
 from __future__ import annotations
 
+from typing import Any
+
 from vigil.schemas import DetectorFinding
+
+
+#: Nodes read from one partition for its silence as a whole, while others are read, to be taken for the
+#: partition's delivery rather than all of them lost (fewer: a small cluster's partition, judged on arrival).
+STALL_WRITERS = 3
 
 
 class _Timers:
@@ -57,7 +64,8 @@ class _Timers:
         feed_back_at, last_heard = self._feed_back_at, self._last_heard
         behind, marks = self.behind(now), self._marks
         feed_heard, grace = self._feed_heard, self.params.late_feed_grace_s
-        for registry in self._silence:
+        writers: dict[Any, int] | None = None  # quiet feed -> its nodes heard until it went quiet (once a tick)
+        for per_node, registry in zip((True, False), self._silence):
             for key, det in registry.values():
                 timeout = det.timeout_s  # type: ignore[attr-defined]
                 if behind:
@@ -82,13 +90,26 @@ class _Timers:
                     continue
                 # Late, not silent: its own feed is still being read (a message within the timeout) but has
                 # not carried its timeout's worth of others' news past its last sign of life (a partition
-                # delivered late, in order: its next message may be the next one there). A feed quiet for
-                # a whole timeout is judged on arrival: all its writers may be gone (one node per partition).
+                # delivered late, in order: its next message may be the next one there).
                 feed = key.feed
-                if feed is not None and now - since <= timeout + grace \
-                        and now - feed_heard.get(feed, float("-inf")) <= timeout \
-                        and marks.get(feed, float("-inf")) - key.mark <= timeout:
-                    continue
+                if feed is not None and now - since <= timeout + grace:
+                    if now - feed_heard.get(feed, float("-inf")) <= timeout:
+                        if marks.get(feed, float("-inf")) - key.mark <= timeout:
+                            continue
+                    elif per_node:
+                        # Its whole partition went quiet while others are read: with several nodes on it,
+                        # that is the partition's delivery (a broker serving it late), not every one of
+                        # them lost at once (a rack's nodes are spread over the partitions); held for the
+                        # grace, then judged on arrival: a shared silence of its nodes.
+                        last = feed_heard.get(feed, float("-inf"))
+                        if writers is None:
+                            writers = {}
+                        if feed not in writers:  # its nodes still heard when it went quiet
+                            writers[feed] = len({k.name for k, _ in registry.values()
+                                                 if k.feed == feed and k.last_arrival >= last - timeout})
+                        if writers[feed] >= STALL_WRITERS and \
+                                any(now - at <= timeout for f, at in feed_heard.items() if f != feed):
+                            continue
                 det.tick(now)
                 out += self._diff(key, det, now)
         out += self._tick_windows(now)

@@ -102,10 +102,11 @@ def test_a_loss_while_the_worker_stays_behind_is_reported_late_and_a_skewed_cloc
 OTHER = ("vigil.telemetry.node", 1)
 
 
-def read_two_feeds(engine: DetectionEngine, until: float, delivered: dict, dead: dict[str, float]) -> list:
+def read_two_feeds(engine: DetectionEngine, until: float, delivered, dead: dict[str, float],
+                   pulse: bool = False) -> list:
     """Nodes ``a00..a39`` write to FEED, ``b00..b39`` to OTHER, a heartbeat a second each; FEED's message
-    written at ``t`` is read at ``delivered(t)`` (OTHER's at once). Ticks every 0.1 s; returns (node, wall,
-    onset) of each node_lost raised."""
+    written at ``t`` is read at ``delivered(t)`` (OTHER's at once). Ticks every 0.1 s (``pulse``: the broker
+    answers before each); returns (node, wall, onset) of each node_lost raised."""
     beats = []  # (read at, write time, feed, heartbeat)
     for k in range(int(until) + 1):
         for prefix, feed in (("a", FEED), ("b", OTHER)):
@@ -123,6 +124,8 @@ def read_two_feeds(engine: DetectionEngine, until: float, delivered: dict, dead:
             read, written, feed, hb = beats[i]
             engine.on_events([hb], wall, written=written, feed=feed)
             i += 1
+        if pulse:
+            engine.heard(wall)
         raised += [(f.subject.node, wall, f.onset_time.timestamp()) for f in engine.tick(wall)
                    if f.kind == "node_lost" and f.status == "raised"]
     return raised
@@ -145,6 +148,19 @@ def test_a_partition_stalled_for_less_than_a_timeout_makes_no_node_lost():
     assert on_arrival and {n[0] for n, _, _ in on_arrival} == {"a"}
 
 
+def test_a_partition_stalled_past_a_timeout_is_held_for_the_grace_then_reported_as_its_nodes_silence():
+    """FEED (40 nodes) delivers nothing for 6 s while OTHER flows: held (its delivery, not 40 nodes lost at
+    once). Stalled for longer than the grace, its nodes are judged on arrival: every one of them, and none
+    of OTHER's (the correlator makes that one shared silence)."""
+    from vigil.streams.engine.detection import EngineParams
+
+    assert read_two_feeds(DetectionEngine(), 40.0, stalled(20.0, 6.0), {}) == []
+    params = EngineParams(late_feed_grace_s=5.0)
+    raised = read_two_feeds(DetectionEngine(params), 60.0, stalled(20.0, 20.0), {})
+    assert {n for n, _, _ in raised} == {f"a{i:02d}" for i in range(40)}
+    assert all(2.5 + 5.0 < at - onset <= 2.5 + 5.0 + 0.3 for _, at, onset in raised)  # timeout + grace, a tick or so
+
+
 def test_a_node_lost_on_a_flowing_partition_is_still_reported_on_time():
     dead_at = T0 + 20.0
     raised = read_two_feeds(DetectionEngine(), 40.0, lambda t: t, {"a07": dead_at})
@@ -164,3 +180,14 @@ def test_the_only_node_of_a_partition_lost_is_reported_from_its_silence():
     assert set(lost) == {f"a{i:02d}" for i in range(40)}
     at, onset = lost["a00"]
     assert T0 + 24.0 <= onset < T0 + 25.0 and at - onset < 2.5 + 0.3
+
+
+def test_every_node_silent_at_once_is_reported_at_its_timeout_not_held():
+    """Both partitions go quiet because every node stopped (the agents' network), the broker still
+    answering: nothing else is read, so no partition is taken for a stalled one; every node is reported
+    once its partition has been quiet for its timeout (a node whose beat came early in the last second
+    waits for the partition's last message, at most an interval more: the correlator's shared silence)."""
+    dead = {f"{p}{i:02d}": T0 + 20.0 for p in "ab" for i in range(40)}
+    raised = read_two_feeds(DetectionEngine(), 40.0, lambda t: t, dead, pulse=True)
+    assert len({n for n, _, _ in raised}) == 80
+    assert all(at - T0 <= 20.0 + 2.5 + 0.3 and at - onset <= 2.5 + 1.0 + 0.3 for _, at, onset in raised)
