@@ -127,20 +127,20 @@ def _lower_median(a: np.ndarray) -> float:
     return _sorted_lower_median(np.sort(np.asarray(a, dtype=float)))
 
 
+def _sorted_median(v: Sequence[float]) -> float:
+    """np.median of sorted ``v``: the same arithmetic, without its per-call overhead on a few values."""
+    mid = len(v) // 2
+    return float(v[mid]) if len(v) % 2 else float((v[mid - 1] + v[mid]) / 2)
+
+
 def _sorted_lower_median(v: Sequence[float]) -> float:
-    """:func:`_lower_median` of sorted ``v`` (np.median's arithmetic, without its overhead on a few values)."""
-    n = len(v)
-    if n <= 2:
-        return float(v[0])
-    mid = n // 2
-    return float(v[mid]) if n % 2 else float((v[mid - 1] + v[mid]) / 2)
+    """:func:`_lower_median` of sorted ``v``."""
+    return float(v[0]) if len(v) <= 2 else _sorted_median(v)
 
 
 def _small_median(a: np.ndarray) -> float:
-    """np.median of a few values, the same arithmetic without its per-call overhead."""
-    v = sorted(a.tolist())
-    mid = len(v) // 2
-    return float(v[mid]) if len(v) % 2 else float((v[mid - 1] + v[mid]) / 2)
+    """np.median of a few values."""
+    return _sorted_median(sorted(a.tolist()))
 
 
 def _group_medians(values: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

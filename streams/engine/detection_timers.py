@@ -64,7 +64,7 @@ class _Timers:
         feed_back_at, last_heard = self._feed_back_at, self._last_heard
         behind, marks = self.behind(now), self._marks
         feed_heard, grace = self._feed_heard, self.params.late_feed_grace_s
-        writers: dict[Any, int] | None = None  # quiet feed -> its nodes heard until it went quiet (once a tick)
+        writers: dict[Any, int] = {}  # quiet feed -> its nodes heard until it went quiet (counted once a tick)
         for per_node, registry in zip((True, False), self._silence):
             for key, det in registry.values():
                 timeout = det.timeout_s  # type: ignore[attr-defined]
@@ -93,7 +93,8 @@ class _Timers:
                 # delivered late, in order: its next message may be the next one there).
                 feed = key.feed
                 if feed is not None and now - since <= timeout + grace:
-                    if now - feed_heard.get(feed, float("-inf")) <= timeout:
+                    last = feed_heard.get(feed, float("-inf"))
+                    if now - last <= timeout:
                         if marks.get(feed, float("-inf")) - key.mark <= timeout:
                             continue
                     elif per_node:
@@ -101,9 +102,6 @@ class _Timers:
                         # that is the partition's delivery (a broker serving it late), not every one of
                         # them lost at once (a rack's nodes are spread over the partitions); held for the
                         # grace, then judged on arrival: a shared silence of its nodes.
-                        last = feed_heard.get(feed, float("-inf"))
-                        if writers is None:
-                            writers = {}
                         if feed not in writers:  # its nodes still heard when it went quiet
                             writers[feed] = len({k.name for k, _ in registry.values()
                                                  if k.feed == feed and k.last_arrival >= last - timeout})

@@ -183,8 +183,7 @@ def _pct(x: float | None) -> str:
 
 def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128, seed: int = 0,
         days: float | None = None, scale: bool = True, scale_gpus: int = 10_000, scale_days: float = 28.0,
-        plot: bool = True,
-        sweep_seeds: int = 10, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
+        plot: bool = True, sweep_seeds: int = 10, progress: Callable[[str], Any] | None = None) -> dict[str, Any]:
     """Run the benchmark; write JSON (and the markdown summary and the plot next to it) when ``json_path`` is given.
 
     ``days``: the trace's span, its counts drawn at the preset's per-node rates (a quick look); None, the
@@ -193,9 +192,9 @@ def run(json_path: str | None = None, *, trace: str = "trace-a", gpus: int = 128
     command = reproducing_command(run, dict(locals()), "vigil bench policies", CLI_OPTIONS)
     machine: dict[str, Any] = {}
     with measured(machine):
-        result, runs, duration_s = _measure(trace=trace, gpus=gpus, seed=seed, days=days, scale=scale, scale_gpus=scale_gpus,
-                                            scale_days=scale_days, sweep_seeds=sweep_seeds, progress=progress,
-                                            machine=machine)
+        result, runs, duration_s = _measure(trace=trace, gpus=gpus, seed=seed, days=days, scale=scale,
+                                            scale_gpus=scale_gpus, scale_days=scale_days, sweep_seeds=sweep_seeds,
+                                            progress=progress, machine=machine)
     result["command"] = command
     if json_path:
         path = Path(json_path)
