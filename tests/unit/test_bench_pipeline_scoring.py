@@ -138,6 +138,27 @@ def test_merge_keeps_every_part_and_recomputes_the_verdict():
     assert again["max_gpus_per_worker_meeting_targets"] == 10000 and again["wall_s"] == 35
 
 
+def test_merge_refuses_points_measured_on_different_machines():
+    """The same 2-core VM spec has landed on hosts three times apart in speed: a curve through points of two
+    of them describes neither, so merge refuses it, and keeps the parts' machine (not the merger's)."""
+    def part(gpus, machine):
+        return {"command": f"p{gpus}", "throughput": {}, "capacity": [
+            {"gpus_per_worker": gpus, "workers": 1, "targets_met": True, "rss_mb": 200.0, "records_per_s": 2 * gpus,
+             "worker_cpu_us_per_record": 5.0}], "machine": {**machine, "load_before": [0.1], "load_after": [0.2]},
+            "wall_s": 1}
+
+    fast = {"cpu_model": "AMD EPYC @ 2596 MHz", "speed_mark_s": 0.031}
+    out = merge([part(5000, fast), part(10000, {**fast, "speed_mark_s": 0.036})])  # within SAME_SPEED: one machine
+    assert out["machine"]["cpu_model"] == "AMD EPYC @ 2596 MHz" and out["machine"]["speed_mark_s"] == 0.031
+    with pytest.raises(ValueError, match="different machines"):
+        merge([part(5000, fast), part(10000, {**fast, "speed_mark_s": 0.09})])  # 2.9x slower
+    with pytest.raises(ValueError, match="CPU not recorded"):
+        merge([part(5000, fast), part(10000, {})])  # an older part that did not say
+    merged_before = merge([part(5000, {}), part(10000, {})])
+    with pytest.raises(ValueError, match="different machines"):
+        merge([merged_before, part(15000, fast)])  # a merge's own parts are looked into
+
+
 def test_a_later_fault_of_the_same_job_owns_the_incidents_that_came_after_it():
     """Two crashes of one job 20 s apart, each alerted by an incident of its own: the second's incident is
     not credited to the first (whose margin still ran), and the first was alerted once."""

@@ -80,6 +80,28 @@ def _point(gpus: int, workers: int, faults_per_kind: int, seed: int, runs_per_po
     return point
 
 
+#: Speed marks (:func:`vigil.bench.machine.speed_mark`) within this ratio are taken for one machine.
+SAME_SPEED = 1.25
+
+
+def _same_machine(parts: list[dict[str, Any]]) -> None:
+    machines = [m for p in parts for m in _machines_of(p)]
+    models = {m.get("cpu_model") for m in machines}
+    marks = [m["speed_mark_s"] for m in machines if m.get("speed_mark_s")]
+    if len(models) > 1 or (marks and max(marks) > SAME_SPEED * min(marks)):
+        seen = sorted({f"{m.get('cpu_model') or 'CPU not recorded'} (speed mark {m.get('speed_mark_s') or '-'} s)"
+                       for m in machines})
+        raise ValueError(f"the parts were measured on different machines: {'; '.join(seen)}; "
+                         "measure every point on one machine and merge those")
+
+
+def _machines_of(part: dict[str, Any]) -> list[dict[str, Any]]:
+    inner = part.get("parts")
+    if isinstance(inner, list):
+        return [q.get("machine") or {} for q in inner]
+    return [part.get("machine") or {}]
+
+
 def _write(json_path: str | None, result: dict[str, Any], started: float) -> None:
     result["wall_s"] = round(time.time() - started, 1)
     if json_path is not None:
@@ -94,7 +116,10 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
     same load), the largest load meeting every target and the projection recomputed; each part's command,
     machine and load average kept under ``parts``; ``wall_s`` the sum of theirs. ``merge_command``: the
     line that merged them (``python -m vigil.bench.pipeline merge ...``), kept beside the parts' commands.
-    A part that is itself a merge brings its commands, parts and notes as they are (flat, its notes first)."""
+    A part that is itself a merge brings its commands, parts and notes as they are (flat, its notes first).
+    Parts measured on different machines (another CPU, or speed marks more than :data:`SAME_SPEED` apart) are
+    refused: a curve and a projection drawn through points of two machines describe neither."""
+    _same_machine(parts)
     commands: list[Any] = []
     for p in parts:
         command = p.get("command")
@@ -111,7 +136,9 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
     result["max_gpus_per_worker_meeting_targets"] = max(held) if held else None
     result["projection"] = project(result["capacity"], result["max_gpus_per_worker_meeting_targets"],
                                   throughput=result["throughput"])
-    result["machine"] = {**machine_info(), "load_before": parts[0]["machine"].get("load_before") if parts else None,
+    # the parts' machine (they share one), not the one that merged them
+    result["machine"] = {**((parts[0].get("machine") or {}) if parts else machine_info()),
+                         "load_before": parts[0]["machine"].get("load_before") if parts else None,
                          "load_after": parts[-1]["machine"].get("load_after") if parts else None}
     result["parts"] = [q for p in parts for q in (p["parts"] if isinstance(p.get("parts"), list) else
                                                   [{"command": p.get("command"), "machine": p.get("machine"),

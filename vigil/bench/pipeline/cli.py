@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.cmd == "merge":
         line = shlex.join(["python", "-m", "vigil.bench.pipeline", "merge", *map(str, args.parts),
                            "--json", str(args.json_path), *(a for n in args.note for a in ("--note", n))])
-        merged = merge([json.loads(p.read_text()) for p in args.parts], args.json_path, args.note, merge_command=line)
+        try:
+            merged = merge([json.loads(p.read_text()) for p in args.parts], args.json_path, args.note,
+                           merge_command=line)
+        except ValueError as exc:
+            parser.exit(2, f"merge: {exc}\n")
         print(json.dumps({k: merged[k] for k in ("throughput", "max_gpus_per_worker_meeting_targets", "wall_s")}))
     elif args.cmd == "worker":
         worker_main(args.ready_file, args.stats_file)
