@@ -3,14 +3,14 @@
 A figure measured while the machine was busy is not the same figure: each
 benchmark JSON carries the load average before and after its run
 (:func:`measured`) next to the CPU count, the CPU's name and a speed mark
-(:func:`speed_mark`): the same 2-core VM spec has landed on hosts three times
-apart in speed, so figures from two machines compare only through that mark.
+(:func:`speed_mark`) before and after: the same 2-core VM spec has landed on
+hosts three times apart in speed, and one host's speed has drifted 1.8x within
+an hour at a quiet load, so figures compare only through those marks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import platform
 import sys
@@ -35,12 +35,11 @@ def _cpu_model() -> str | None:
     return f"{name} @ {float(mhz):.0f} MHz" if name and mhz else name
 
 
-@functools.lru_cache(maxsize=1)
 def speed_mark() -> float:
-    """Seconds a fixed pure-Python loop takes on one core (best of 5; lower is faster): the interpreter's speed
-    on this machine, to compare figures measured on different ones. Taken once per process."""
+    """Seconds a fixed pure-Python loop takes on one core (best of 3, 0.1-0.2 s in all; lower is faster): the
+    interpreter's speed on this machine now, to compare figures measured on different machines or hours."""
     best = float("inf")
-    for _ in range(5):
+    for _ in range(3):
         began = time.perf_counter()
         total, table = 0, {}
         for i in range(300_000):  # arithmetic, a dict and a call: what the detect stage does most
@@ -64,3 +63,4 @@ def measured(into: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield into
     finally:
         into["load_after"] = [round(x, 2) for x in os.getloadavg()]
+        into["speed_mark_after_s"] = speed_mark()  # the host's speed can drift during a long run
