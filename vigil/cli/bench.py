@@ -125,7 +125,7 @@ def bench_pipeline(
     throughput_workers: str = typer.Option("1,2", "--throughput-workers",
                                            help="Worker counts for the backlog throughput ('' skips it)."),
     throughput_gpus: int = typer.Option(25_000, "--throughput-gpus", help="Cluster whose telemetry makes the backlog."),
-    throughput_seconds: float = typer.Option(120.0, "--throughput-seconds", min=10,
+    throughput_seconds: float = typer.Option(300.0, "--throughput-seconds", min=10,  # throughput.BACKLOG_SECONDS
                                              help="Seconds of that cluster's telemetry in the backlog."),
     seed: int = typer.Option(0, help="Seed of the cluster and its faults."),
     stop_at_first_miss: bool = typer.Option(True, "--stop-at-first-miss/--keep-going",

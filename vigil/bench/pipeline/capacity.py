@@ -20,7 +20,7 @@ from vigil.bench.machine import machine_info, measured
 from vigil.bench.pipeline.live import live
 from vigil.bench.pipeline.projection import project
 from vigil.bench.pipeline.runs import combine_runs, run_seed, split_faults
-from vigil.bench.pipeline.throughput import throughput
+from vigil.bench.pipeline.throughput import BACKLOG_SECONDS, throughput
 
 __all__ = ["CLI_OPTIONS", "merge", "run"]
 
@@ -33,7 +33,7 @@ CLI_OPTIONS = {"load_gpus": "--load-gpus", "workers": "--workers", "faults_per_k
 
 def run(json_path: str | None, load_gpus: tuple[int, ...] = (2000, 5000, 10_000, 25_000, 50_000), workers: int = 1,
         faults_per_kind: int = 100, throughput_workers: tuple[int, ...] = (1, 2), throughput_gpus: int = 25_000,
-        throughput_seconds: float = 120.0, seed: int = 0, stop_at_first_miss: bool = True,
+        throughput_seconds: float = BACKLOG_SECONDS, seed: int = 0, stop_at_first_miss: bool = True,
         progress: Callable[[str], Any] | None = None, runs_per_point: int = 1) -> dict[str, Any]:
     command = reproducing_command(run, dict(locals()), "vigil bench pipeline", CLI_OPTIONS)
     split_faults(faults_per_kind, runs_per_point)  # a split that leaves a run no fault fails now, not after throughput
