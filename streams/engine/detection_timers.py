@@ -102,12 +102,13 @@ class _Timers:
                         # that is the partition's delivery (a broker serving it late), not every one of
                         # them lost at once (a rack's nodes are spread over the partitions); held for the
                         # grace, then judged on arrival: a shared silence of its nodes.
-                        if feed not in writers:  # its nodes still heard when it went quiet
-                            writers[feed] = len({k.name for k, _ in registry.values()
-                                                 if k.feed == feed and k.last_arrival >= last - timeout})
-                        if writers[feed] >= STALL_WRITERS and \
-                                any(now - at <= timeout for f, at in feed_heard.items() if f != feed):
-                            continue
+                        # others heard first (a few feeds): a cluster-wide silence then scans no registry
+                        if any(now - at <= timeout for f, at in feed_heard.items() if f != feed):
+                            if feed not in writers:  # its nodes still heard when it went quiet
+                                writers[feed] = len({k.name for k, _ in registry.values()
+                                                     if k.feed == feed and k.last_arrival >= last - timeout})
+                            if writers[feed] >= STALL_WRITERS:
+                                continue
                 det.tick(now)
                 out += self._diff(key, det, now)
         out += self._tick_windows(now)

@@ -85,7 +85,8 @@ SAME_SPEED = 1.25
 
 
 def _same_machine(parts: list[dict[str, Any]]) -> None:
-    machines = [m for p in parts for m in _machines_of(p)]
+    """Refuse ``parts`` (flat, as :func:`merge` keeps them) measured on more than one machine."""
+    machines = [p.get("machine") or {} for p in parts]
     models = {m.get("cpu_model") for m in machines}
     marks = [m["speed_mark_s"] for m in machines if m.get("speed_mark_s")]
     if len(models) > 1 or (marks and max(marks) > SAME_SPEED * min(marks)):
@@ -93,13 +94,6 @@ def _same_machine(parts: list[dict[str, Any]]) -> None:
                        for m in machines})
         raise ValueError(f"the parts were measured on different machines: {'; '.join(seen)}; "
                          "measure every point on one machine and merge those")
-
-
-def _machines_of(part: dict[str, Any]) -> list[dict[str, Any]]:
-    inner = part.get("parts")
-    if isinstance(inner, list):
-        return [q.get("machine") or {} for q in inner]
-    return [part.get("machine") or {}]
 
 
 def _write(json_path: str | None, result: dict[str, Any], started: float) -> None:
@@ -119,7 +113,10 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
     A part that is itself a merge brings its commands, parts and notes as they are (flat, its notes first).
     Parts measured on different machines (another CPU, or speed marks more than :data:`SAME_SPEED` apart) are
     refused: a curve and a projection drawn through points of two machines describe neither."""
-    _same_machine(parts)
+    flat = [q for p in parts for q in (p["parts"] if isinstance(p.get("parts"), list) else
+                                       [{"command": p.get("command"), "machine": p.get("machine"),
+                                         "wall_s": p.get("wall_s")}])]
+    _same_machine(flat)
     commands: list[Any] = []
     for p in parts:
         command = p.get("command")
@@ -140,9 +137,7 @@ def merge(parts: list[dict[str, Any]], json_path: str | None = None, notes: list
     result["machine"] = {**((parts[0].get("machine") or {}) if parts else machine_info()),
                          "load_before": parts[0]["machine"].get("load_before") if parts else None,
                          "load_after": parts[-1]["machine"].get("load_after") if parts else None}
-    result["parts"] = [q for p in parts for q in (p["parts"] if isinstance(p.get("parts"), list) else
-                                                  [{"command": p.get("command"), "machine": p.get("machine"),
-                                                    "wall_s": p.get("wall_s")}])]
+    result["parts"] = flat
     result["wall_s"] = round(sum(p.get("wall_s") or 0.0 for p in parts), 1)
     if merge_command is not None:
         result["merge_command"] = merge_command

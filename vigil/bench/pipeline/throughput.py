@@ -34,8 +34,9 @@ BACKLOG_SECONDS = 300.0
 _FEEDBACK_TYPES = frozenset({"job_state", "node_state"})
 
 
-def throughput(workers: int, gpus: int = 25_000, seconds: float = BACKLOG_SECONDS, seed: int = 1, workdir: Path | None = None,
-               progress: Callable[[str], Any] | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
+def throughput(workers: int, gpus: int = 25_000, seconds: float = BACKLOG_SECONDS, seed: int = 1,
+               workdir: Path | None = None, progress: Callable[[str], Any] | None = None,
+               timeout_s: float = 600.0) -> dict[str, Any]:
     """Records/s of ``workers`` workers draining ``seconds`` of a ``gpus``-GPU cluster's telemetry."""
     say = progress or (lambda _m: None)
     workdir = Path(tempfile.mkdtemp(prefix="vigil-tp-")) if workdir is None else workdir
